@@ -1,0 +1,338 @@
+"""Topology configuration: one YAML file describes a whole deployment.
+
+The file is read once at start into frozen dataclasses. Every key is checked:
+an unknown key, a missing key or a bad value raises ``ConfigError`` naming the
+key's path (``regions[1].zones[0].gpus[2].hardware``), so a typo never turns
+into a silent default.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.geo import GeoPoint
+
+# Relative speed of each hardware class, A100 = 1.0 (DESIGN.md: H100 ~ 2x A100,
+# A100 ~ 1.7x V100).
+HARDWARE_SPEED: Mapping[str, float] = {"V100": 0.6, "A100": 1.0, "H100": 2.0, "H200": 2.3}
+# KV-cache capacity in tokens of a typical 7-13B model on each class's memory.
+HARDWARE_KV_TOKENS: Mapping[str, int] = {
+    "V100": 16_384,
+    "A100": 65_536,
+    "H100": 81_920,
+    "H200": 131_072,
+}
+
+
+class ConfigError(ValueError):
+    """A configuration value is missing or invalid; the message names its key path."""
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A loopback or cluster address ``host:port``; port 0 means 'pick one at launch'."""
+
+    host: str
+    port: int
+
+    @property
+    def address(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{host}:{self.port}"
+
+    def __str__(self) -> str:
+        return self.address
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """One GPU inference server (a V2 endpoint) behind a local tier."""
+
+    name: str
+    endpoint: Endpoint
+    metrics_endpoint: Endpoint
+    hardware: str
+    models: tuple[str, ...]
+    throttle: float = 1.0
+    max_concurrency: int = 16
+    kv_cache_tokens: int = 65_536
+
+    @property
+    def speed(self) -> float:
+        """Effective speed relative to an A100: hardware class times throttle."""
+        return HARDWARE_SPEED[self.hardware] * self.throttle
+
+
+@dataclass(frozen=True)
+class ZoneConfig:
+    """A zone: one local tier in front of its GPUs."""
+
+    name: str
+    location: GeoPoint
+    endpoint: Endpoint
+    gpus: tuple[GpuConfig, ...]
+
+    @property
+    def models(self) -> frozenset[str]:
+        return frozenset(m for gpu in self.gpus for m in gpu.models)
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    """A region: one regional tier in front of its zones."""
+
+    name: str
+    location: GeoPoint
+    endpoint: Endpoint
+    zones: tuple[ZoneConfig, ...]
+
+    @property
+    def models(self) -> frozenset[str]:
+        return frozenset(m for zone in self.zones for m in zone.models)
+
+
+@dataclass(frozen=True)
+class GlobalConfig:
+    """The global tier: the client-facing endpoint."""
+
+    endpoint: Endpoint
+    location: GeoPoint
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A whole deployment, as read from one YAML file."""
+
+    global_tier: GlobalConfig
+    regions: tuple[RegionConfig, ...]
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    summary_cadence_s: float = 0.5
+    summary_stream_maxlen: int = 1000
+    health_interval_s: float = 0.5
+    time_scale: float = 1.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def models(self) -> frozenset[str]:
+        return frozenset(m for region in self.regions for m in region.models)
+
+    @property
+    def summary_ttl_s(self) -> float:
+        """A summary older than this means 'unknown' (three missed cadences)."""
+        return 3 * self.summary_cadence_s
+
+    def region(self, name: str) -> RegionConfig:
+        for region in self.regions:
+            if region.name == name:
+                return region
+        raise ConfigError(f"no region named {name!r}; known: {[r.name for r in self.regions]}")
+
+    def zone(self, region: str, zone: str) -> ZoneConfig:
+        for z in self.region(region).zones:
+            if z.name == zone:
+                return z
+        names = [z.name for z in self.region(region).zones]
+        raise ConfigError(f"no zone {zone!r} in region {region!r}; known: {names}")
+
+    def endpoints(self) -> Iterator[Endpoint]:
+        """Every endpoint the topology names (for port resolution and checks)."""
+        yield self.global_tier.endpoint
+        for region in self.regions:
+            yield region.endpoint
+            for zone in region.zones:
+                yield zone.endpoint
+                for gpu in zone.gpus:
+                    yield gpu.endpoint
+                    yield gpu.metrics_endpoint
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+class _Node:
+    """A mapping being read, which remembers its path and the keys it consumed."""
+
+    def __init__(self, raw: Any, path: str) -> None:
+        if not isinstance(raw, Mapping):
+            raise ConfigError(f"{path or '<root>'}: expected a mapping, got {type(raw).__name__}")
+        self.raw = raw
+        self.path = path
+        self.seen: set[str] = set()
+
+    def key_path(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def get(self, key: str, default: Any = ..., kind: type | tuple[type, ...] = object) -> Any:
+        self.seen.add(key)
+        if key not in self.raw:
+            if default is ...:
+                raise ConfigError(f"{self.key_path(key)}: required key is missing")
+            return default
+        value = self.raw[key]
+        if kind is float and isinstance(value, int) and not isinstance(value, bool):
+            value = float(value)
+        if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
+            raise ConfigError(
+                f"{self.key_path(key)}: expected {getattr(kind, '__name__', kind)}, "
+                f"got {value!r}"
+            )
+        return value
+
+    def child(self, key: str) -> _Node:
+        self.seen.add(key)
+        if key not in self.raw:
+            raise ConfigError(f"{self.key_path(key)}: required key is missing")
+        return _Node(self.raw[key], self.key_path(key))
+
+    def items(self, key: str) -> list[_Node]:
+        value = self.get(key, kind=list)
+        if not value:
+            raise ConfigError(f"{self.key_path(key)}: must list at least one entry")
+        return [_Node(item, f"{self.key_path(key)}[{i}]") for i, item in enumerate(value)]
+
+    def done(self) -> None:
+        unknown = sorted(set(self.raw) - self.seen)
+        if unknown:
+            raise ConfigError(f"{self.key_path(unknown[0])}: unknown key")
+
+
+def parse_endpoint(text: Any, path: str) -> Endpoint:
+    """Parse ``host:port`` (``[::1]:port`` for IPv6)."""
+    if not isinstance(text, str) or ":" not in text:
+        raise ConfigError(f"{path}: expected 'host:port', got {text!r}")
+    host, _, port_text = text.rpartition(":")
+    host = host.strip("[]")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ConfigError(f"{path}: port must be an integer, got {port_text!r}") from None
+    if not host or not 0 <= port <= 65535:
+        raise ConfigError(f"{path}: expected 'host:port' with port 0..65535, got {text!r}")
+    return Endpoint(host, port)
+
+
+def _location(node: _Node, key: str, default: GeoPoint | None = None) -> GeoPoint:
+    if key not in node.raw and default is not None:
+        node.seen.add(key)
+        return default
+    loc = node.child(key)
+    point = GeoPoint(loc.get("lat", kind=float), loc.get("lon", kind=float))
+    loc.done()
+    if not (-90 <= point.lat <= 90 and -180 <= point.lon <= 180):
+        raise ConfigError(f"{loc.path}: lat must be in [-90, 90] and lon in [-180, 180]")
+    return point
+
+
+def _positive(node: _Node, key: str, value: float) -> None:
+    if value <= 0:
+        raise ConfigError(f"{node.key_path(key)}: must be > 0, got {value}")
+
+
+def _gpu(node: _Node) -> GpuConfig:
+    hardware = node.get("hardware", kind=str)
+    if hardware not in HARDWARE_SPEED:
+        raise ConfigError(
+            f"{node.key_path('hardware')}: unknown hardware class {hardware!r}; "
+            f"known: {sorted(HARDWARE_SPEED)}"
+        )
+    models = node.get("models", kind=list)
+    if not models or not all(isinstance(m, str) and m for m in models):
+        raise ConfigError(f"{node.key_path('models')}: expected a non-empty list of model names")
+    throttle = node.get("throttle", 1.0, kind=float)
+    if not 0 < throttle <= 1:
+        raise ConfigError(f"{node.key_path('throttle')}: must be in (0, 1], got {throttle}")
+    max_concurrency = node.get("max_concurrency", 16, kind=int)
+    _positive(node, "max_concurrency", max_concurrency)
+    kv_tokens = node.get("kv_cache_tokens", HARDWARE_KV_TOKENS[hardware], kind=int)
+    _positive(node, "kv_cache_tokens", kv_tokens)
+    gpu = GpuConfig(
+        name=node.get("name", kind=str),
+        endpoint=parse_endpoint(node.get("listen"), node.key_path("listen")),
+        metrics_endpoint=parse_endpoint(
+            node.get("metrics_listen", "127.0.0.1:0"), node.key_path("metrics_listen")
+        ),
+        hardware=hardware,
+        models=tuple(models),
+        throttle=throttle,
+        max_concurrency=max_concurrency,
+        kv_cache_tokens=kv_tokens,
+    )
+    node.done()
+    return gpu
+
+
+def _unique(names: list[str], path: str) -> None:
+    dup = {n for n in names if names.count(n) > 1}
+    if dup:
+        raise ConfigError(f"{path}: duplicate names {sorted(dup)}")
+
+
+def topology_from_mapping(raw: Any) -> Topology:
+    """Build and validate a ``Topology`` from parsed YAML."""
+    root = _Node(raw, "")
+    glob = root.child("global")
+    global_tier = GlobalConfig(
+        endpoint=parse_endpoint(glob.get("listen"), glob.key_path("listen")),
+        location=_location(glob, "location"),
+    )
+    glob.done()
+    regions = []
+    for rnode in root.items("regions"):
+        rloc = _location(rnode, "location")
+        zones = []
+        for znode in rnode.items("zones"):
+            gpus = tuple(_gpu(g) for g in znode.items("gpus"))
+            _unique([g.name for g in gpus], znode.key_path("gpus"))
+            zones.append(
+                ZoneConfig(
+                    name=znode.get("name", kind=str),
+                    location=_location(znode, "location", rloc),
+                    endpoint=parse_endpoint(znode.get("listen"), znode.key_path("listen")),
+                    gpus=gpus,
+                )
+            )
+            znode.done()
+        _unique([z.name for z in zones], rnode.key_path("zones"))
+        regions.append(
+            RegionConfig(
+                name=rnode.get("name", kind=str),
+                location=rloc,
+                endpoint=parse_endpoint(rnode.get("listen"), rnode.key_path("listen")),
+                zones=tuple(zones),
+            )
+        )
+        rnode.done()
+    _unique([r.name for r in regions], "regions")
+    cadence = root.get("summary_cadence_s", 0.5, kind=float)
+    _positive(root, "summary_cadence_s", cadence)
+    maxlen = root.get("summary_stream_maxlen", 1000, kind=int)
+    _positive(root, "summary_stream_maxlen", maxlen)
+    health = root.get("health_interval_s", 0.5, kind=float)
+    _positive(root, "health_interval_s", health)
+    time_scale = root.get("time_scale", 1.0, kind=float)
+    _positive(root, "time_scale", time_scale)
+    topology = Topology(
+        global_tier=global_tier,
+        regions=tuple(regions),
+        redis_url=root.get("redis_url", "redis://127.0.0.1:6379/0", kind=str),
+        summary_cadence_s=cadence,
+        summary_stream_maxlen=maxlen,
+        health_interval_s=health,
+        time_scale=time_scale,
+    )
+    root.done()
+    return topology
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read and validate a topology YAML file."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return topology_from_mapping(raw)

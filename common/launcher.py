@@ -1,0 +1,211 @@
+"""Start a whole fleet on one machine, one OS process per tier instance.
+
+``Fleet`` is what ``meridian up`` runs and what the end-to-end tests use:
+an embedded Redis, the emulated GPUs of each zone (one process per zone),
+a local tier per zone, a regional tier per region and the global tier, each
+its own process so that killing one is a real failure. Port 0 in the fleet
+file is resolved to a free loopback port first, and the resolved topology is
+written beside the logs for every process to read. Children are asked to die
+with the launcher (PR_SET_PDEATHSIG), so even a killed launcher leaves no
+process behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+import yaml
+
+from common.config import Topology, topology_from_mapping
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.redis_embed import EmbeddedRedis, free_port
+
+DEMO_FLEET = Path(__file__).resolve().parent.parent / "deploy" / "demo-fleet.yaml"
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def resolve_ports(raw: dict[str, Any]) -> dict[str, Any]:
+    """Replace every ``host:0`` listen address with a free loopback port."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                if key in ("listen", "metrics_listen") and isinstance(value, str):
+                    host, _, port = value.rpartition(":")
+                    if port == "0":
+                        value = f"{host}:{free_port(host.strip('[]'))}"
+                out[key] = walk(value)
+            return out
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    resolved: dict[str, Any] = walk(raw)
+    return resolved
+
+
+@dataclass
+class TierProcess:
+    """One launched process and how to start it again."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        self.log_file = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.argv,
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            preexec_fn=_die_with_parent,
+        )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.log_file is not None:
+            self.log_file.close()
+            self.log_file = None
+
+
+class Fleet:
+    """A whole Meridian deployment on this machine; ``start()`` / ``stop()``."""
+
+    def __init__(
+        self,
+        fleet_file: Path | str = DEMO_FLEET,
+        run_dir: Path | str = "run",
+        *,
+        overrides: dict[str, Any] | None = None,
+        redis_url: str | None = None,
+    ) -> None:
+        raw = yaml.safe_load(Path(fleet_file).read_text())
+        raw.update(overrides or {})
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.redis = None if redis_url else EmbeddedRedis()
+        raw["redis_url"] = redis_url or self.redis.url  # type: ignore[union-attr]
+        self.raw = resolve_ports(raw)
+        self.topology: Topology = topology_from_mapping(self.raw)
+        self.config_path = self.run_dir / "topology.yaml"
+        self.config_path.write_text(yaml.safe_dump(self.raw, sort_keys=False))
+        self.processes: dict[str, TierProcess] = {}
+        for name, argv in self._plan():
+            self.processes[name] = TierProcess(name, argv, self.run_dir / f"{name}.log")
+
+    def _plan(self) -> Iterator[tuple[str, list[str]]]:
+        cli = [sys.executable, "-m", "common.cli"]
+        cfg = ["--config", str(self.config_path)]
+        for region in self.topology.regions:
+            for zone in region.zones:
+                where = ["--region", region.name, "--zone", zone.name]
+                yield f"worker-{zone.name}", [*cli, "worker", *cfg, *where]
+                yield f"local-{zone.name}", [*cli, "local", *cfg, *where]
+        for region in self.topology.regions:
+            yield f"regional-{region.name}", [*cli, "regional", *cfg, "--region", region.name]
+        yield "global", [*cli, "global", *cfg]
+
+    def endpoint_of(self, name: str) -> str:
+        """The gRPC address of a launched tier process (``global``, ``regional-eu-west`` ...)."""
+        topo = self.topology
+        if name == "global":
+            return topo.global_tier.endpoint.address
+        kind, _, where = name.partition("-")
+        for region in topo.regions:
+            if kind == "regional" and where == region.name:
+                return region.endpoint.address
+            for zone in region.zones:
+                if kind == "local" and where == zone.name:
+                    return zone.endpoint.address
+        raise KeyError(name)
+
+    @property
+    def global_address(self) -> str:
+        return self.topology.global_tier.endpoint.address
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        if self.redis is not None:
+            self.redis.start()
+        try:
+            for proc in self.processes.values():
+                proc.start()
+            self.wait_ready(timeout_s)
+        except BaseException:
+            self.stop()
+            raise
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Until every tier process answers ServerReady=true (the global last)."""
+        deadline = time.monotonic() + timeout_s
+        for name, proc in self.processes.items():
+            if name.startswith("worker-"):
+                continue
+            address = self.endpoint_of(name)
+            while not _ready(address):
+                if not proc.alive():
+                    raise RuntimeError(f"{name} exited at start; see {proc.log_path}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} not ready on {address}; see {proc.log_path}")
+                time.sleep(0.1)
+
+    def kill(self, name: str) -> None:
+        """Kill one tier process outright (SIGKILL), as a crash would."""
+        self.processes[name].stop(signal.SIGKILL)
+
+    def restart(self, name: str, timeout_s: float = 30.0) -> None:
+        proc = self.processes[name]
+        proc.stop()
+        proc.start()
+        if not name.startswith("worker-"):
+            deadline = time.monotonic() + timeout_s
+            while not _ready(self.endpoint_of(name)):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{name} did not come back; see {proc.log_path}")
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        # Top down, so upper tiers stop sending before the ones below go away.
+        for proc in reversed(list(self.processes.values())):
+            proc.stop()
+        if self.redis is not None:
+            self.redis.close()
+
+
+def _ready(address: str) -> bool:
+    with grpc.insecure_channel(address) as channel:
+        try:
+            reply = pb_grpc.GRPCInferenceServiceStub(channel).ServerReady(
+                pb.ServerReadyRequest(), timeout=0.5
+            )
+        except grpc.RpcError:
+            return False
+        return bool(reply.ready)

@@ -1,0 +1,121 @@
+"""Routing hints: what a request says about itself in gRPC metadata.
+
+Clients may send ``x-meridian-session``, ``x-meridian-priority``,
+``x-meridian-client-geo`` (``lat,lon``) and ``x-meridian-client-region``. Tiers
+talk to each other with internal keys (``x-meridian-origin``, the client
+location the edge resolved, and ``x-meridian-attempt``). The edge drops any
+internal key a client sends, so a client cannot steer inner tiers; inner tiers
+accept internal keys from the tier above.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from common.errors import RouteError
+from common.geo import GeoPoint, format_geo, parse_geo
+
+SESSION = "x-meridian-session"
+PRIORITY = "x-meridian-priority"
+CLIENT_GEO = "x-meridian-client-geo"
+CLIENT_REGION = "x-meridian-client-region"
+ORIGIN = "x-meridian-origin"
+ATTEMPT = "x-meridian-attempt"
+ROUTE = "x-meridian-route"
+LOAD = "x-meridian-load"
+
+PRIORITIES = ("critical", "standard", "sheddable")
+CLIENT_KEYS = frozenset({SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION})
+INTERNAL_KEYS = frozenset({ORIGIN, ATTEMPT})
+# Passed through to the tier below (and on to the GPU) when present.
+PASS_THROUGH = frozenset({"traceparent", "tracestate", SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION})
+MAX_VALUE_LEN = 256
+
+Metadata = Sequence[tuple[str, str | bytes]]
+
+
+@dataclass(frozen=True)
+class RouteHints:
+    """Routing facts about one request, parsed once from its metadata."""
+
+    origin: GeoPoint | None
+    client_region: str | None
+    session: str | None
+    priority: str
+    attempt: int
+    passed_down: tuple[tuple[str, str], ...]
+
+    def downstream_metadata(self, origin: GeoPoint | None, attempt: int) -> list[tuple[str, str]]:
+        """Metadata for a call to the tier below."""
+        md = list(self.passed_down)
+        if origin is not None:
+            md.append((ORIGIN, format_geo(origin)))
+        md.append((ATTEMPT, str(attempt)))
+        return md
+
+
+def _text(key: str, value: str | bytes) -> str:
+    if isinstance(value, bytes):
+        raise RouteError.invalid(f"metadata '{key}' must be text, not binary")
+    if len(value) > MAX_VALUE_LEN:
+        raise RouteError.invalid(f"metadata '{key}' is longer than {MAX_VALUE_LEN} characters")
+    return value
+
+
+def parse_hints(metadata: Metadata | None, *, trust_internal: bool) -> RouteHints:
+    """Read routing hints; a malformed value raises INVALID_ARGUMENT naming the key.
+
+    ``trust_internal`` is False at the edge: internal keys from clients are
+    dropped there, never believed.
+    """
+    values: dict[str, str] = {}
+    passed: list[tuple[str, str]] = []
+    for key, value in metadata or ():
+        if key in CLIENT_KEYS or key in PASS_THROUGH or (trust_internal and key in INTERNAL_KEYS):
+            text = _text(key, value)
+            values[key] = text
+            if key in PASS_THROUGH:
+                passed.append((key, text))
+    origin = None
+    if trust_internal and ORIGIN in values:
+        origin = _geo(ORIGIN, values[ORIGIN])
+    elif CLIENT_GEO in values:
+        origin = _geo(CLIENT_GEO, values[CLIENT_GEO])
+    priority = values.get(PRIORITY, "standard")
+    if priority not in PRIORITIES:
+        raise RouteError.invalid(
+            f"metadata '{PRIORITY}' must be one of {', '.join(PRIORITIES)}; got {priority!r}"
+        )
+    attempt = 0
+    if trust_internal and ATTEMPT in values:
+        try:
+            attempt = int(values[ATTEMPT])
+        except ValueError:
+            raise RouteError.invalid(f"metadata '{ATTEMPT}' must be an integer") from None
+    region = values.get(CLIENT_REGION)
+    if region is not None and not region:
+        raise RouteError.invalid(f"metadata '{CLIENT_REGION}' is empty; name a region or omit it")
+    return RouteHints(
+        origin=origin,
+        client_region=region,
+        session=values.get(SESSION) or None,
+        priority=priority,
+        attempt=attempt,
+        passed_down=tuple(passed),
+    )
+
+
+def _geo(key: str, value: str) -> GeoPoint:
+    try:
+        return parse_geo(value)
+    except ValueError as exc:
+        raise RouteError.invalid(f"metadata '{key}': {exc}") from None
+
+
+def trailer(metadata: Metadata | None, key: str) -> str | None:
+    """The first text value of ``key`` in trailing metadata, if any."""
+    for k, v in metadata or ():
+        if k == key:
+            return v.decode() if isinstance(v, bytes) else v
+    return None

@@ -1,0 +1,75 @@
+"""Lifecycle of one tier process: children, proxy, gRPC server, Redis publisher and reader.
+
+``TierServer`` owns them all and tears them down in reverse order:
+stop accepting and let in-flight calls finish, stop Redis work, close
+child channels.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+from dataclasses import dataclass
+
+from common.capacity import CapacityPublisher, CapacityReader
+from common.children import ChildSet
+from common.config import Endpoint
+from common.grpc_server import V2Server
+from common.proxy import InferenceProxy, TierSpec
+
+log = logging.getLogger(__name__)
+
+
+def source_id(tier: str, *names: str) -> str:
+    """A publisher identity unique to this process incarnation, so a restarted
+    publisher's sequence numbers (from 1 again) are never taken for old ones."""
+    return "/".join((tier, *names, f"{os.getpid()}-{secrets.token_hex(3)}"))
+
+
+@dataclass
+class TierServer:
+    """One running tier: serves V2 on ``endpoint`` and forwards to ``children``."""
+
+    spec: TierSpec
+    children: ChildSet
+    endpoint: Endpoint
+    publisher: CapacityPublisher | None = None
+    reader: CapacityReader | None = None
+
+    def __post_init__(self) -> None:
+        self.proxy = InferenceProxy(self.spec, self.children)
+        self.server = V2Server(self.proxy, self.endpoint)
+        if self.publisher is not None:
+            self.children.on_change = self.publisher.poke
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    async def start(self) -> None:
+        if self.reader is not None:
+            self.reader.start()
+        await self.children.start()
+        await self.server.start()
+        await self.server.set_serving(True)
+        if self.publisher is not None:
+            self.publisher.start()
+
+    async def stop(self, grace: float = 5.0) -> None:
+        await self.server.stop(grace)
+        if self.publisher is not None:
+            await self.publisher.stop()
+        if self.reader is not None:
+            await self.reader.stop()
+        await self.children.stop()
+
+    async def serve_until(self, stop_event: asyncio.Event, grace: float = 5.0) -> None:
+        """Start, print where it listens, run until ``stop_event``, stop gracefully."""
+        await self.start()
+        print(f"{self.spec.tier} listening {self.server.address}", flush=True)
+        try:
+            await stop_event.wait()
+        finally:
+            await self.stop(grace)

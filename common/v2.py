@@ -1,0 +1,200 @@
+"""KServe V2 generate-convention helpers shared by every tier and the emulated GPU.
+
+An LLM request carries a BYTES input ``text_input`` and ``max_tokens`` as a
+request parameter (or an INT32/INT64 input); the reply carries a BYTES output
+``text_output``. BYTES tensors in ``raw_*_contents`` are a sequence of
+4-byte little-endian lengths each followed by that many bytes (Triton's
+serialisation), which stock clients read back with numpy.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from common.errors import RouteError
+from common.gen.inference import grpc_service_pb2 as pb
+
+TEXT_INPUT = "text_input"
+TEXT_OUTPUT = "text_output"
+MAX_TOKENS = "max_tokens"
+STREAM = "stream"
+FINAL_RESPONSE = "triton_final_response"
+DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS_LIMIT = 8192
+
+_INT_TYPES = {"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"}
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """What the router needs to know about a generate-style request."""
+
+    model: str
+    version: str
+    prompt: str
+    max_tokens: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Token count estimate: whitespace words (the emulated GPU uses the same rule)."""
+        return len(self.prompt.split())
+
+
+def encode_bytes_tensor(items: list[bytes]) -> bytes:
+    """Serialise BYTES elements the way Triton puts them in raw contents."""
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def decode_bytes_tensor(raw: bytes) -> list[bytes]:
+    """Inverse of ``encode_bytes_tensor``; ``ValueError`` on a truncated buffer."""
+    items, offset = [], 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise ValueError("truncated BYTES element length")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise ValueError("BYTES element runs past the end of the buffer")
+        items.append(raw[offset : offset + length])
+        offset += length
+    return items
+
+
+def _param_int(param: pb.InferParameter, where: str) -> int:
+    kind = param.WhichOneof("parameter_choice")
+    if kind in ("int64_param", "uint64_param"):
+        return int(getattr(param, kind))
+    if kind == "string_param" and param.string_param.strip().lstrip("-").isdigit():
+        return int(param.string_param)
+    raise RouteError.invalid(f"{where} must be an integer, got {kind or 'nothing'}")
+
+
+def parse_generate(request: pb.ModelInferRequest) -> GenerateRequest:
+    """Validate a generate-style request; raise ``RouteError`` (INVALID_ARGUMENT) if ill-formed."""
+    if not request.model_name:
+        raise RouteError.invalid("model_name is empty; name the model to run")
+    use_raw = len(request.raw_input_contents) > 0
+    if use_raw and len(request.raw_input_contents) != len(request.inputs):
+        raise RouteError.invalid(
+            f"raw_input_contents has {len(request.raw_input_contents)} entries but the "
+            f"request has {len(request.inputs)} inputs; they must match one to one"
+        )
+    prompt: str | None = None
+    max_tokens: int | None = None
+    for i, tensor in enumerate(request.inputs):
+        if tensor.name == TEXT_INPUT:
+            if tensor.datatype != "BYTES":
+                raise RouteError.invalid(
+                    f"input '{TEXT_INPUT}' must have datatype BYTES, got {tensor.datatype!r}"
+                )
+            try:
+                items = (
+                    decode_bytes_tensor(request.raw_input_contents[i])
+                    if use_raw
+                    else list(tensor.contents.bytes_contents)
+                )
+            except ValueError as exc:
+                raise RouteError.invalid(f"input '{TEXT_INPUT}': {exc}") from None
+            if len(items) != 1:
+                raise RouteError.invalid(
+                    f"input '{TEXT_INPUT}' must hold exactly one element, got {len(items)}"
+                )
+            try:
+                prompt = items[0].decode("utf-8")
+            except UnicodeDecodeError:
+                raise RouteError.invalid(f"input '{TEXT_INPUT}' is not valid UTF-8") from None
+        elif tensor.name == MAX_TOKENS:
+            max_tokens = _max_tokens_input(request, i, use_raw)
+    if prompt is None:
+        raise RouteError.invalid(
+            f"missing BYTES input '{TEXT_INPUT}' (the prompt); generate requests need it"
+        )
+    if MAX_TOKENS in request.parameters:
+        max_tokens = _param_int(request.parameters[MAX_TOKENS], f"parameter '{MAX_TOKENS}'")
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+        raise RouteError.invalid(
+            f"'{MAX_TOKENS}' must be between 1 and {MAX_TOKENS_LIMIT}, got {max_tokens}"
+        )
+    return GenerateRequest(request.model_name, request.model_version, prompt, max_tokens)
+
+
+def _max_tokens_input(request: pb.ModelInferRequest, index: int, use_raw: bool) -> int:
+    tensor = request.inputs[index]
+    if tensor.datatype not in _INT_TYPES:
+        raise RouteError.invalid(
+            f"input '{MAX_TOKENS}' must be an integer tensor, got {tensor.datatype!r}"
+        )
+    if use_raw:
+        raw = request.raw_input_contents[index]
+        width = 8 if tensor.datatype.endswith("64") else 4
+        if len(raw) != width:
+            raise RouteError.invalid(f"input '{MAX_TOKENS}' must hold exactly one element")
+        fmt = {4: "<i", 8: "<q"}[width]
+        if tensor.datatype.startswith("U"):
+            fmt = fmt.upper()
+        return int(struct.unpack(fmt, raw)[0])
+    values = list(tensor.contents.int_contents) or list(tensor.contents.int64_contents)
+    values = values or list(tensor.contents.uint_contents) or list(tensor.contents.uint64_contents)
+    if len(values) != 1:
+        raise RouteError.invalid(f"input '{MAX_TOKENS}' must hold exactly one element")
+    return int(values[0])
+
+
+def wants_stream(request: pb.ModelInferRequest) -> bool:
+    """True when the request asks for token streaming (``stream`` parameter)."""
+    param = request.parameters.get(STREAM)
+    return bool(param is not None and param.WhichOneof("parameter_choice") == "bool_param"
+                and param.bool_param)
+
+
+def text_response(
+    request: pb.ModelInferRequest, text: str, *, final: bool | None = None
+) -> pb.ModelInferResponse:
+    """A V2 response carrying ``text`` as the BYTES output ``text_output``.
+
+    ``final`` sets Triton's ``triton_final_response`` parameter on streamed
+    responses; unary responses leave it out.
+    """
+    response = pb.ModelInferResponse(
+        model_name=request.model_name, model_version=request.model_version, id=request.id
+    )
+    output = response.outputs.add()
+    output.name = TEXT_OUTPUT
+    output.datatype = "BYTES"
+    output.shape.append(1)
+    response.raw_output_contents.append(encode_bytes_tensor([text.encode("utf-8")]))
+    if final is not None:
+        response.parameters[FINAL_RESPONSE].bool_param = final
+    return response
+
+
+def response_text(response: pb.ModelInferResponse) -> str:
+    """Read ``text_output`` back from a response (raw or typed contents)."""
+    for i, output in enumerate(response.outputs):
+        if output.name == TEXT_OUTPUT:
+            if len(response.raw_output_contents) > i:
+                items = decode_bytes_tensor(response.raw_output_contents[i])
+            else:
+                items = list(output.contents.bytes_contents)
+            return b"".join(items).decode("utf-8")
+    return ""
+
+
+def generate_request(
+    model: str, prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS, *, request_id: str = "",
+    stream: bool = False,
+) -> pb.ModelInferRequest:
+    """Build a generate-style request (used by loadgen, tests and benchmarks)."""
+    request = pb.ModelInferRequest(model_name=model, id=request_id)
+    tensor = request.inputs.add()
+    tensor.name = TEXT_INPUT
+    tensor.datatype = "BYTES"
+    tensor.shape.append(1)
+    request.raw_input_contents.append(encode_bytes_tensor([prompt.encode("utf-8")]))
+    request.parameters[MAX_TOKENS].int64_param = max_tokens
+    if stream:
+        request.parameters[STREAM].bool_param = True
+    return request

@@ -1,0 +1,54 @@
+"""Global tier wiring: the client-facing V2 endpoint over all regions; reads region summaries."""
+
+from __future__ import annotations
+
+from common.capacity import CapacityReader, region_stream
+from common.children import Child, ChildSet
+from common.config import Topology
+from common.errors import RouteError
+from common.geo import GeoPoint
+from common.proxy import TierSpec
+from common.routing import CLIENT_REGION, RouteHints
+from common.tier import TierServer
+from global_lb.picker import RegionPicker
+
+
+def build_global_tier(topology: Topology) -> TierServer:
+    """The global tier as described by ``topology``."""
+    regions = ChildSet(
+        (
+            Child(name=r.name, endpoint=r.endpoint, models=r.models, location=r.location)
+            for r in topology.regions
+        ),
+        probe_interval_s=topology.health_interval_s,
+        summary_ttl_s=topology.summary_ttl_s,
+    )
+    reader = CapacityReader(
+        topology.redis_url,
+        {region_stream(r.name): r.name for r in topology.regions},
+        regions.take_summary,
+    )
+    locations = {r.name: r.location for r in topology.regions}
+    home = topology.global_tier.location
+
+    def origin(hints: RouteHints) -> GeoPoint:
+        """Client geo, else its declared region's location, else the global's own."""
+        if hints.origin is not None:
+            return hints.origin
+        if hints.client_region is not None:
+            if hints.client_region not in locations:
+                raise RouteError.invalid(
+                    f"metadata '{CLIENT_REGION}': unknown region {hints.client_region!r}; "
+                    f"known: {', '.join(sorted(locations))}"
+                )
+            return locations[hints.client_region]
+        return home
+
+    spec = TierSpec(
+        tier="global",
+        route_prefix=None,
+        trust_internal=False,
+        picker=RegionPicker(home, topology.summary_ttl_s),
+        resolve_origin=origin,
+    )
+    return TierServer(spec, regions, topology.global_tier.endpoint, reader=reader)

@@ -1,0 +1,71 @@
+"""Regional tier wiring: one region's zones behind a V2 endpoint; reads zone
+summaries, publishes the region's."""
+
+from __future__ import annotations
+
+from common.capacity import CapacityPublisher, CapacityReader, aggregate, region_stream, zone_stream
+from common.children import Child, ChildSet
+from common.config import Topology
+from common.gen.meridian.v1 import capacity_pb2
+from common.geo import GeoPoint
+from common.proxy import TierSpec
+from common.routing import RouteHints
+from common.tier import TierServer, source_id
+from regional_lb.picker import ZonePicker
+
+
+def region_summary(
+    zones: ChildSet, *, source: str, sequence: int, region: str
+) -> capacity_pb2.CapacitySummary:
+    """Aggregate the fresh summaries of the zones that are up by direct evidence."""
+    now = zones.clock()
+    parts = [
+        s
+        for z in zones
+        if z.healthy and (s := z.fresh_summary(now, zones.summary_ttl_s)) is not None
+    ]
+    return aggregate(
+        parts,
+        source_id=source,
+        sequence=sequence,
+        region=region,
+        publisher_healthy=zones.any_healthy(),
+    )
+
+
+def build_regional_tier(topology: Topology, region: str) -> TierServer:
+    """The regional tier of ``region`` as described by ``topology``."""
+    region_cfg = topology.region(region)
+    zones = ChildSet(
+        (
+            Child(name=z.name, endpoint=z.endpoint, models=z.models, location=z.location)
+            for z in region_cfg.zones
+        ),
+        probe_interval_s=topology.health_interval_s,
+        summary_ttl_s=topology.summary_ttl_s,
+    )
+    reader = CapacityReader(
+        topology.redis_url,
+        {zone_stream(region, z.name): z.name for z in region_cfg.zones},
+        zones.take_summary,
+    )
+    source = source_id("regional", region)
+    publisher = CapacityPublisher(
+        topology.redis_url,
+        region_stream(region),
+        lambda seq: region_summary(zones, source=source, sequence=seq, region=region),
+        cadence_s=topology.summary_cadence_s,
+        maxlen=topology.summary_stream_maxlen,
+    )
+
+    def origin(hints: RouteHints) -> GeoPoint:
+        return hints.origin or region_cfg.location
+
+    spec = TierSpec(
+        tier="regional",
+        route_prefix=region,
+        trust_internal=True,
+        picker=ZonePicker(region_cfg.location, topology.summary_ttl_s),
+        resolve_origin=origin,
+    )
+    return TierServer(spec, zones, region_cfg.endpoint, publisher=publisher, reader=reader)

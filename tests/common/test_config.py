@@ -1,0 +1,81 @@
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from common.config import ConfigError, load_topology, topology_from_mapping
+from common.launcher import DEMO_FLEET
+
+
+def demo() -> dict[str, Any]:
+    raw: dict[str, Any] = yaml.safe_load(DEMO_FLEET.read_text())
+    return copy.deepcopy(raw)
+
+
+def test_demo_fleet_loads() -> None:
+    topo = load_topology(DEMO_FLEET)
+    assert [r.name for r in topo.regions] == ["us-east", "eu-west", "ap-southeast"]
+    assert all(len(r.zones) == 2 for r in topo.regions)
+    assert all(len(z.gpus) == 4 for r in topo.regions for z in r.zones)
+    assert topo.models == {"demo-llm"}
+    assert topo.global_tier.endpoint.address == "127.0.0.1:8001"
+    assert topo.summary_ttl_s == pytest.approx(3 * topo.summary_cadence_s)
+
+
+def test_gpu_speed_is_hardware_times_throttle() -> None:
+    raw = demo()
+    raw["regions"][0]["zones"][0]["gpus"][0].update(hardware="H100", throttle=0.8)
+    gpu = topology_from_mapping(raw).regions[0].zones[0].gpus[0]
+    assert gpu.speed == pytest.approx(1.6)
+
+
+def test_zone_location_defaults_to_region() -> None:
+    raw = demo()
+    del raw["regions"][1]["zones"][0]["location"]
+    topo = topology_from_mapping(raw)
+    assert topo.regions[1].zones[0].location == topo.regions[1].location
+
+
+@pytest.mark.parametrize(
+    ("mutate", "key_path"),
+    [
+        (lambda r: r["regions"][1]["zones"][0]["gpus"][2].update(hardware="TPU"),
+         "regions[1].zones[0].gpus[2].hardware"),
+        (lambda r: r["regions"][0].update(colour="blue"), "regions[0].colour"),
+        (lambda r: r["global"].pop("listen"), "global.listen"),
+        (lambda r: r["regions"][2]["zones"][1].update(listen="nowhere"),
+         "regions[2].zones[1].listen"),
+        (lambda r: r["regions"][0]["location"].update(lat=123.0), "regions[0].location"),
+        (lambda r: r.update(summary_cadence_s=0), "summary_cadence_s"),
+        (lambda r: r["regions"][0]["zones"][0]["gpus"][0].update(throttle=1.5),
+         "regions[0].zones[0].gpus[0].throttle"),
+        (lambda r: r["regions"][0]["zones"][0]["gpus"][0].update(models=[]),
+         "regions[0].zones[0].gpus[0].models"),
+        (lambda r: r["regions"][0]["zones"][0]["gpus"][0].update(max_concurrency="many"),
+         "regions[0].zones[0].gpus[0].max_concurrency"),
+        (lambda r: r.update(regions=[]), "regions"),
+    ],
+)
+def test_bad_value_names_its_key(mutate: Any, key_path: str) -> None:
+    raw = demo()
+    mutate(raw)
+    with pytest.raises(ConfigError) as err:
+        topology_from_mapping(raw)
+    assert str(err.value).startswith(key_path)
+
+
+def test_duplicate_zone_names_rejected() -> None:
+    raw = demo()
+    zones = raw["regions"][0]["zones"]
+    zones[1]["name"] = zones[0]["name"]
+    with pytest.raises(ConfigError, match=r"regions\[0\]\.zones: duplicate"):
+        topology_from_mapping(raw)
+
+
+def test_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text("regions: [unclosed")
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        load_topology(path)
