@@ -40,6 +40,7 @@ def region_stream(region: str) -> str:
 def aggregate(
     parts: Iterable[capacity_pb2.CapacitySummary],
     *,
+    unknown: Iterable[str] = (),
     source_id: str,
     sequence: int,
     region: str,
@@ -48,7 +49,8 @@ def aggregate(
     now_ms: int | None = None,
 ) -> capacity_pb2.CapacitySummary:
     """Combine child summaries into one: counts add up; ratios are re-derived from
-    the sums or weighted by slots, never averaged as averages."""
+    the sums or weighted by slots, never averaged as averages. ``unknown`` names
+    a model once per child that is up but has no fresh summary."""
     totals: dict[str, capacity_pb2.ModelCapacity] = {}
     wait_weight: dict[str, float] = {}
     kv_weight: dict[str, float] = {}
@@ -61,12 +63,15 @@ def aggregate(
             agg.free_slots += entry.free_slots
             agg.queued_requests += entry.queued_requests
             agg.token_throughput_capacity += entry.token_throughput_capacity
+            agg.unknown_children += entry.unknown_children
             wait_weight[entry.model] = wait_weight.get(entry.model, 0.0) + (
                 entry.estimated_wait_s * entry.total_slots
             )
             kv_weight[entry.model] = kv_weight.get(entry.model, 0.0) + (
                 entry.kv_cache_usage * entry.total_slots
             )
+    for model in unknown:
+        totals.setdefault(model, capacity_pb2.ModelCapacity(model=model)).unknown_children += 1
     for model, agg in totals.items():
         if agg.total_slots:
             agg.utilisation = (agg.total_slots - agg.free_slots) / agg.total_slots

@@ -59,21 +59,22 @@ class Child:
     def model_capacity(
         self, model: str, now: float, ttl_s: float
     ) -> capacity_pb2.ModelCapacity | None:
+        """The fresh summary's entry for ``model``; None when unknown."""
         summary = self.fresh_summary(now, ttl_s)
         if summary is None:
             return None
         for entry in summary.models:
             if entry.model == model:
                 return entry
-        return capacity_pb2.ModelCapacity(model=model)
+        return None
 
     def may_serve(self, model: str, now: float, ttl_s: float) -> bool:
         """Healthy by direct evidence, serves ``model``, and no fresh summary says it has
-        no healthy GPU for it (a stale summary proves nothing either way)."""
+        no healthy GPU for it (a stale summary, or unknown parts, prove nothing)."""
         if not self.healthy or model not in self.models:
             return False
         entry = self.model_capacity(model, now, ttl_s)
-        return entry is None or entry.healthy_gpus > 0
+        return entry is None or entry.healthy_gpus > 0 or entry.unknown_children > 0
 
 
 class ChildSet:

@@ -153,30 +153,40 @@ class Fleet:
         return self.topology.global_tier.endpoint.address
 
     def start(self, timeout_s: float = 60.0) -> None:
+        """Start bottom-up, a layer at a time, so each tier's first health probe
+        finds its children already serving."""
         if self.redis is not None:
             self.redis.start()
+        deadline = time.monotonic() + timeout_s
         try:
-            for proc in self.processes.values():
-                proc.start()
-            self.wait_ready(timeout_s)
+            for layer in ("worker-", "local-", "regional-", "global"):
+                started = [p for n, p in self.processes.items() if n.startswith(layer)]
+                for proc in started:
+                    proc.start()
+                for proc in started:
+                    self._wait_ready(proc, deadline)
         except BaseException:
             self.stop()
             raise
 
-    def wait_ready(self, timeout_s: float) -> None:
-        """Until every tier process answers ServerReady=true (the global last)."""
-        deadline = time.monotonic() + timeout_s
-        for name, proc in self.processes.items():
-            if name.startswith("worker-"):
-                continue
-            address = self.endpoint_of(name)
+    def _wait_ready(self, proc: TierProcess, deadline: float) -> None:
+        """Until ``proc`` serves: ServerReady=true for tiers, every GPU port for workers."""
+        for address in self._addresses(proc.name):
             while not _ready(address):
-                for other in self.processes.values():
-                    if not other.alive():
-                        raise RuntimeError(f"{other.name} exited at start; see {other.log_path}")
+                if not proc.alive():
+                    raise RuntimeError(f"{proc.name} exited at start; see {proc.log_path}")
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name} not ready on {address}; see {proc.log_path}")
-                time.sleep(0.1)
+                    raise TimeoutError(f"{proc.name} not ready on {address}; see {proc.log_path}")
+                time.sleep(0.05)
+
+    def _addresses(self, name: str) -> list[str]:
+        if name.startswith("worker-"):
+            zone = name.removeprefix("worker-")
+            return [
+                g.endpoint.address for r in self.topology.regions for z in r.zones
+                if z.name == zone for g in z.gpus
+            ]
+        return [self.endpoint_of(name)]
 
     def kill(self, name: str) -> None:
         """Kill one tier process outright (SIGKILL), as a crash would."""
@@ -186,12 +196,7 @@ class Fleet:
         proc = self.processes[name]
         proc.stop()
         proc.start()
-        if not name.startswith("worker-"):
-            deadline = time.monotonic() + timeout_s
-            while not _ready(self.endpoint_of(name)):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"{name} did not come back; see {proc.log_path}")
-                time.sleep(0.1)
+        self._wait_ready(proc, time.monotonic() + timeout_s)
 
     def stop(self) -> None:
         # Top down, so upper tiers stop sending before the ones below go away.

@@ -17,15 +17,21 @@ from regional_lb.picker import ZonePicker
 def region_summary(
     zones: ChildSet, *, source: str, sequence: int, region: str
 ) -> capacity_pb2.CapacitySummary:
-    """Aggregate the fresh summaries of the zones that are up by direct evidence."""
+    """Aggregate the fresh summaries of the zones that are up by direct evidence;
+    a zone that is up but whose summary is missing or stale counts as unknown."""
     now = zones.clock()
-    parts = [
-        s
-        for z in zones
-        if z.healthy and (s := z.fresh_summary(now, zones.summary_ttl_s)) is not None
-    ]
+    parts, unknown = [], []
+    for zone in zones:
+        if not zone.healthy:
+            continue
+        summary = zone.fresh_summary(now, zones.summary_ttl_s)
+        if summary is None:
+            unknown.extend(zone.models)
+        else:
+            parts.append(summary)
     return aggregate(
         parts,
+        unknown=unknown,
         source_id=source,
         sequence=sequence,
         region=region,

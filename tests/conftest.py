@@ -47,6 +47,7 @@ def small_fleet_spec(regions: int = 2, zones: int = 2, gpus: int = 1) -> dict[st
 
 
 def start_fleet(tmp: Path, spec: dict[str, Any]) -> Fleet:
+    tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "fleet.yaml"
     path.write_text(yaml.safe_dump(spec))
     fleet = Fleet(path, tmp / "run")

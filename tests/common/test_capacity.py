@@ -129,3 +129,9 @@ async def test_redis_restart_resumes_summaries() -> None:
         await publisher.stop()
         await reader.stop()
         server.close()
+
+
+def test_aggregate_counts_unknown_children() -> None:
+    a = zone("a", healthy_gpus=0, total_gpus=4)
+    (entry,) = aggregate([a], unknown=[M], source_id="r", sequence=1, region="r").models
+    assert (entry.healthy_gpus, entry.unknown_children) == (0, 1)

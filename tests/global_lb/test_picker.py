@@ -56,3 +56,16 @@ def test_region_without_the_model_is_skipped() -> None:
     rs = regions()
     rs[1] = child("eu-west", location=EU, models=("other-model",))
     assert "eu-west" not in names(RegionPicker(HOME, TTL).rank(request(EU), rs, now=10))
+
+
+def test_summary_with_unknown_zones_does_not_rule_region_out() -> None:
+    rs = regions()
+    with_summary(rs[1], healthy_gpus=0, received_at=9.5)
+    rs[1].summary.models[0].unknown_children = 1
+    assert names(RegionPicker(HOME, TTL).rank(request(EU), rs, now=10))[0] == "eu-west"
+
+
+def test_summary_without_the_model_is_unknown_not_zero() -> None:
+    rs = regions()
+    with_summary(rs[1], healthy_gpus=3, received_at=9.5, model="other")
+    assert names(RegionPicker(HOME, TTL).rank(request(EU), rs, now=10))[0] == "eu-west"
