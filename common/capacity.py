@@ -17,6 +17,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
@@ -119,7 +120,9 @@ class CapacityPublisher:
         cadence_s: float,
         maxlen: int,
     ) -> None:
-        self.redis = aioredis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+        self.redis = aioredis.Redis.from_url(
+            redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+        )
         self.stream = stream
         self.build = build
         self.cadence_s = cadence_s
@@ -214,7 +217,7 @@ class CapacityReader:
 
     async def _catch_up(self, last_ids: dict[str, bytes | str]) -> None:
         for stream in self.streams:
-            newest = await self.redis.xrevrange(stream, count=1)
+            newest: Any = await self.redis.xrevrange(stream, count=1)
             if newest:
                 entry_id, fields = newest[0]
                 last_ids[stream] = entry_id
@@ -229,7 +232,10 @@ class CapacityReader:
                 if not caught_up:
                     await self._catch_up(last_ids)
                     caught_up = True
-                replies = await self.redis.xread(last_ids, block=self.block_ms)  # type: ignore[arg-type]
+                replies: Any = await self.redis.xread(
+                    last_ids,  # type: ignore[arg-type]
+                    block=self.block_ms,
+                )
                 backoff.succeeded()
             except (RedisError, OSError) as exc:
                 caught_up = False  # Redis may have restarted empty: re-read the newest

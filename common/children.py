@@ -139,8 +139,10 @@ class ChildSet:
         if child is None:
             return
         old = child.summary
-        if old is not None and old.source_id == summary.source_id and (
-            summary.sequence <= old.sequence
+        if (
+            old is not None
+            and old.source_id == summary.source_id
+            and (summary.sequence <= old.sequence)
         ):
             return
         child.summary = summary

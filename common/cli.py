@@ -1,11 +1,11 @@
 """The ``meridian`` command: run one tier, a whole demo fleet, or a load generator.
 
-    meridian up [--config deploy/demo-fleet.yaml]
-    meridian global   --config topology.yaml
-    meridian regional --config topology.yaml --region eu-west
-    meridian local    --config topology.yaml --region eu-west --zone eu-west-1a
-    meridian worker   --config topology.yaml --region eu-west --zone eu-west-1a
-    meridian loadgen  --target 127.0.0.1:8001 --requests 200
+meridian up [--config deploy/demo-fleet.yaml]
+meridian global   --config topology.yaml
+meridian regional --config topology.yaml --region eu-west
+meridian local    --config topology.yaml --region eu-west --zone eu-west-1a
+meridian worker   --config topology.yaml --region eu-west --zone eu-west-1a
+meridian loadgen  --target 127.0.0.1:8001 --requests 200
 """
 
 from __future__ import annotations
@@ -134,8 +134,9 @@ def _run_loadgen(args: argparse.Namespace) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="meridian", description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="meridian", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("global", "regional", "local", "worker"):
         p = sub.add_parser(name, help=f"run one {name} process")
@@ -144,7 +145,9 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--zone")
         p.add_argument("--redis", help="Redis URL, overriding the topology's redis_url")
         p.add_argument("--grace", type=float, default=5.0, help="seconds to finish in-flight work")
-        p.add_argument("--time-scale", type=float, default=None, help="(worker) emulated time factor")
+        p.add_argument(
+            "--time-scale", type=float, default=None, help="(worker) emulated time factor"
+        )
     up = sub.add_parser("up", help="start the demo fleet on this machine")
     from common.launcher import DEMO_FLEET
 
@@ -158,14 +161,20 @@ def build_parser() -> argparse.ArgumentParser:
     load.add_argument("--requests", type=int, default=300)
     load.add_argument("--concurrency", type=int, default=16)
     load.add_argument("--max-tokens", type=int, default=16)
-    load.add_argument("--stream-share", type=float, default=0.25,
-                      help="fraction of requests sent as token streams")
+    load.add_argument(
+        "--stream-share",
+        type=float,
+        default=0.25,
+        help="fraction of requests sent as token streams",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> None:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     try:
         if args.command in ("global", "regional", "local"):
             _run_tier(args)

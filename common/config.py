@@ -178,8 +178,7 @@ class _Node:
             value = float(value)
         if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
             raise ConfigError(
-                f"{self.key_path(key)}: expected {getattr(kind, '__name__', kind)}, "
-                f"got {value!r}"
+                f"{self.key_path(key)}: expected {getattr(kind, '__name__', kind)}, got {value!r}"
             )
         return value
 

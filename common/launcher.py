@@ -183,8 +183,11 @@ class Fleet:
         if name.startswith("worker-"):
             zone = name.removeprefix("worker-")
             return [
-                g.endpoint.address for r in self.topology.regions for z in r.zones
-                if z.name == zone for g in z.gpus
+                g.endpoint.address
+                for r in self.topology.regions
+                for z in r.zones
+                if z.name == zone
+                for g in z.gpus
             ]
         return [self.endpoint_of(name)]
 

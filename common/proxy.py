@@ -59,8 +59,7 @@ class PickRequest:
 class Picker(Protocol):
     """Ranks the children that may serve a request, best first. Pure: no I/O."""
 
-    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
-        ...
+    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]: ...
 
 
 @dataclass(frozen=True)
@@ -87,7 +86,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
 
     # ------------------------------------------------------------------ admin-ish RPCs
 
-    async def ServerLive(self, request: pb.ServerLiveRequest, context: Any) -> pb.ServerLiveResponse:
+    async def ServerLive(
+        self, request: pb.ServerLiveRequest, context: Any
+    ) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
     async def ServerReady(
@@ -100,7 +101,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name=f"meridian-{self.spec.tier}", version=VERSION)
 
-    async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> pb.ModelReadyResponse:
+    async def ModelReady(
+        self, request: pb.ModelReadyRequest, context: Any
+    ) -> pb.ModelReadyResponse:
         pick = PickRequest(request.name, request.version, None, None, "standard")
         ranked = self.spec.picker.rank(pick, self.children.children, self.children.clock())
         return pb.ModelReadyResponse(ready=bool(ranked))
@@ -109,7 +112,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
         try:
-            hints = parse_hints(context.invocation_metadata(), trust_internal=self.spec.trust_internal)
+            hints = parse_hints(
+                context.invocation_metadata(), trust_internal=self.spec.trust_internal
+            )
             pick = self._pick_request(request.name, request.version, hints, 0, 0)
             response: pb.ModelMetadataResponse = await self._forward_unary(
                 "ModelMetadata", request, pick, hints, context
@@ -126,8 +131,12 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         try:
             gen = parse_generate(request)
-            hints = parse_hints(context.invocation_metadata(), trust_internal=self.spec.trust_internal)
-            pick = self._pick_request(gen.model, gen.version, hints, gen.prompt_tokens, gen.max_tokens)
+            hints = parse_hints(
+                context.invocation_metadata(), trust_internal=self.spec.trust_internal
+            )
+            pick = self._pick_request(
+                gen.model, gen.version, hints, gen.prompt_tokens, gen.max_tokens
+            )
             response: pb.ModelInferResponse = await self._forward_unary(
                 "ModelInfer", request, pick, hints, context
             )
@@ -142,7 +151,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> None:
         try:
-            hints = parse_hints(context.invocation_metadata(), trust_internal=self.spec.trust_internal)
+            hints = parse_hints(
+                context.invocation_metadata(), trust_internal=self.spec.trust_internal
+            )
             await _StreamForward(self, hints, context).run(request_iterator)
         except RouteError as err:
             await context.abort(err.code, err.message, trailing_metadata=err.trailers)
@@ -235,7 +246,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
 def _passable(exc: grpc.aio.AioRpcError) -> tuple[tuple[str, str], ...]:
     """Trailers of a child's error worth passing up (e.g. retry-after-ms)."""
     return tuple(
-        (k, v) for k, v in exc.trailing_metadata() or () if isinstance(v, str) and not k.startswith("grpc-")
+        (k, v)
+        for k, v in exc.trailing_metadata() or ()
+        if isinstance(v, str) and not k.startswith("grpc-")
     )
 
 

@@ -29,7 +29,9 @@ PRIORITIES = ("critical", "standard", "sheddable")
 CLIENT_KEYS = frozenset({SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION})
 INTERNAL_KEYS = frozenset({ORIGIN, ATTEMPT})
 # Passed through to the tier below (and on to the GPU) when present.
-PASS_THROUGH = frozenset({"traceparent", "tracestate", SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION})
+PASS_THROUGH = frozenset(
+    {"traceparent", "tracestate", SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION}
+)
 MAX_VALUE_LEN = 256
 
 Metadata = Sequence[tuple[str, str | bytes]]

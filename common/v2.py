@@ -185,7 +185,11 @@ def response_text(response: pb.ModelInferResponse) -> str:
 
 
 def generate_request(
-    model: str, prompt: str, max_tokens: int = DEFAULT_MAX_TOKENS, *, request_id: str = "",
+    model: str,
+    prompt: str,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    *,
+    request_id: str = "",
     stream: bool = False,
 ) -> pb.ModelInferRequest:
     """Build a generate-style request (used by loadgen, tests and benchmarks)."""

@@ -8,9 +8,9 @@ from common.capacity import CapacityPublisher, zone_stream
 from common.children import Child, ChildSet
 from common.config import Topology
 from common.gen.meridian.v1 import capacity_pb2
+from common.proxy import TierSpec
 from common.routing import RouteHints
 from common.tier import TierServer, source_id
-from common.proxy import TierSpec
 from local_lb.picker import LeastWorkPicker
 
 # Aggregate decode throughput of one A100 at full batch, tokens/s (emulated GPU's scale).

@@ -29,6 +29,9 @@ class ZonePicker:
         origin = request.origin or self.home
         eligible = [c for c in children if c.may_serve(request.model, now, self.summary_ttl_s)]
         eligible.sort(
-            key=lambda c: (round(great_circle_km(origin, c.location or self.home)), c.outstanding_work)
+            key=lambda c: (
+                round(great_circle_km(origin, c.location or self.home)),
+                c.outstanding_work,
+            )
         )
         return eligible

@@ -20,7 +20,8 @@ def region_summary(
     """Aggregate the fresh summaries of the zones that are up by direct evidence;
     a zone that is up but whose summary is missing or stale counts as unknown."""
     now = zones.clock()
-    parts, unknown = [], []
+    parts: list[capacity_pb2.CapacitySummary] = []
+    unknown: list[str] = []
     for zone in zones:
         if not zone.healthy:
             continue

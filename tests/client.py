@@ -73,7 +73,9 @@ def zone_of(route: str) -> str:
     return route.split("/")[1]
 
 
-def expect_code(code: grpc.StatusCode, fn: object, *args: object, **kwargs: object) -> grpc.RpcError:
+def expect_code(
+    code: grpc.StatusCode, fn: object, *args: object, **kwargs: object
+) -> grpc.RpcError:
     """Call ``fn`` and return its error, asserting the exact status code."""
     try:
         fn(*args, **kwargs)  # type: ignore[operator]

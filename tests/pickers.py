@@ -18,8 +18,13 @@ def child(
     speed: float = 1.0,
     outstanding_work: float = 0.0,
 ) -> Child:
-    c = Child(name=name, endpoint=Endpoint("127.0.0.1", 1), models=frozenset(models),
-              location=location, speed=speed)
+    c = Child(
+        name=name,
+        endpoint=Endpoint("127.0.0.1", 1),
+        models=frozenset(models),
+        location=location,
+        speed=speed,
+    )
     c.healthy = healthy
     c.outstanding_work = outstanding_work
     return c
@@ -27,7 +32,8 @@ def child(
 
 def with_summary(c: Child, healthy_gpus: int, received_at: float, model: str = MODEL) -> Child:
     c.summary = capacity_pb2.CapacitySummary(
-        source_id="s", sequence=1,
+        source_id="s",
+        sequence=1,
         models=[capacity_pb2.ModelCapacity(model=model, healthy_gpus=healthy_gpus, total_gpus=4)],
     )
     c.summary_received_at = received_at
@@ -35,5 +41,12 @@ def with_summary(c: Child, healthy_gpus: int, received_at: float, model: str = M
 
 
 def request(origin: GeoPoint | None = None, model: str = MODEL, tokens: int = 10) -> PickRequest:
-    return PickRequest(model=model, version="", origin=origin, session=None,
-                       priority="standard", prompt_tokens=tokens, max_tokens=tokens)
+    return PickRequest(
+        model=model,
+        version="",
+        origin=origin,
+        session=None,
+        priority="standard",
+        prompt_tokens=tokens,
+        max_tokens=tokens,
+    )

@@ -12,18 +12,39 @@ M = "demo-llm"
 
 def zone(name: str, **fields: float) -> capacity_pb2.CapacitySummary:
     return capacity_pb2.CapacitySummary(
-        source_id=name, sequence=1, region="r", zone=name,
+        source_id=name,
+        sequence=1,
+        region="r",
+        zone=name,
         models=[capacity_pb2.ModelCapacity(model=M, **fields)],  # type: ignore[arg-type]
     )
 
 
 def test_aggregate_sums_counts() -> None:
-    a = zone("a", healthy_gpus=3, total_gpus=4, total_slots=30, free_slots=10, queued_requests=2,
-             token_throughput_capacity=6000)
-    b = zone("b", healthy_gpus=1, total_gpus=4, total_slots=10, free_slots=10,
-             token_throughput_capacity=1200)
+    a = zone(
+        "a",
+        healthy_gpus=3,
+        total_gpus=4,
+        total_slots=30,
+        free_slots=10,
+        queued_requests=2,
+        token_throughput_capacity=6000,
+    )
+    b = zone(
+        "b",
+        healthy_gpus=1,
+        total_gpus=4,
+        total_slots=10,
+        free_slots=10,
+        token_throughput_capacity=1200,
+    )
     (entry,) = aggregate([a, b], source_id="r", sequence=5, region="r").models
-    assert (entry.healthy_gpus, entry.total_gpus, entry.total_slots, entry.free_slots) == (4, 8, 40, 20)
+    assert (entry.healthy_gpus, entry.total_gpus, entry.total_slots, entry.free_slots) == (
+        4,
+        8,
+        40,
+        20,
+    )
     assert entry.queued_requests == 2
     assert entry.token_throughput_capacity == pytest.approx(7200)
 
@@ -46,8 +67,9 @@ def test_aggregate_wait_and_kv_weighted_by_slots() -> None:
 
 def test_aggregate_keeps_models_apart() -> None:
     a = zone("a", healthy_gpus=2, total_slots=4)
-    b = capacity_pb2.CapacitySummary(models=[capacity_pb2.ModelCapacity(model="other",
-                                                                         healthy_gpus=1)])
+    b = capacity_pb2.CapacitySummary(
+        models=[capacity_pb2.ModelCapacity(model="other", healthy_gpus=1)]
+    )
     summary = aggregate([a, b], source_id="r", sequence=1, region="r", zone="")
     assert {e.model: e.healthy_gpus for e in summary.models} == {M: 2, "other": 1}
 
@@ -67,12 +89,15 @@ async def test_publish_and_read_back_with_xrange(redis_server: EmbeddedRedis) ->
     stream = zone_stream("test-region", "pub-read")
     received: list[tuple[str, capacity_pb2.CapacitySummary]] = []
     publisher = CapacityPublisher(
-        redis_server.url, stream,
+        redis_server.url,
+        stream,
         lambda seq: zone("z", healthy_gpus=seq),
-        cadence_s=0.05, maxlen=50,
+        cadence_s=0.05,
+        maxlen=50,
     )
-    reader = CapacityReader(redis_server.url, {stream: "z"}, lambda n, s: received.append((n, s)),
-                            block_ms=100)
+    reader = CapacityReader(
+        redis_server.url, {stream: "z"}, lambda n, s: received.append((n, s)), block_ms=100
+    )
     publisher.start()
     reader.start()
     try:
@@ -92,8 +117,9 @@ async def test_publish_and_read_back_with_xrange(redis_server: EmbeddedRedis) ->
 
 async def test_stream_is_bounded(redis_server: EmbeddedRedis) -> None:
     stream = zone_stream("test-region", "bounded")
-    publisher = CapacityPublisher(redis_server.url, stream, lambda seq: zone("z"),
-                                  cadence_s=1.0, maxlen=20)
+    publisher = CapacityPublisher(
+        redis_server.url, stream, lambda seq: zone("z"), cadence_s=1.0, maxlen=20
+    )
     try:
         for _ in range(600):
             await publisher.publish_once()
@@ -111,10 +137,15 @@ async def test_redis_restart_resumes_summaries() -> None:
     server.start()
     stream = zone_stream("test-region", "restart")
     received: list[int] = []
-    publisher = CapacityPublisher(server.url, stream, lambda seq: zone("z", healthy_gpus=seq),
-                                  cadence_s=0.05, maxlen=100)
-    reader = CapacityReader(server.url, {stream: "z"},
-                            lambda n, s: received.append(s.models[0].healthy_gpus), block_ms=100)
+    publisher = CapacityPublisher(
+        server.url, stream, lambda seq: zone("z", healthy_gpus=seq), cadence_s=0.05, maxlen=100
+    )
+    reader = CapacityReader(
+        server.url,
+        {stream: "z"},
+        lambda n, s: received.append(s.models[0].healthy_gpus),
+        block_ms=100,
+    )
     publisher.start()
     reader.start()
     try:

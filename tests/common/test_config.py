@@ -41,20 +41,30 @@ def test_zone_location_defaults_to_region() -> None:
 @pytest.mark.parametrize(
     ("mutate", "key_path"),
     [
-        (lambda r: r["regions"][1]["zones"][0]["gpus"][2].update(hardware="TPU"),
-         "regions[1].zones[0].gpus[2].hardware"),
+        (
+            lambda r: r["regions"][1]["zones"][0]["gpus"][2].update(hardware="TPU"),
+            "regions[1].zones[0].gpus[2].hardware",
+        ),
         (lambda r: r["regions"][0].update(colour="blue"), "regions[0].colour"),
         (lambda r: r["global"].pop("listen"), "global.listen"),
-        (lambda r: r["regions"][2]["zones"][1].update(listen="nowhere"),
-         "regions[2].zones[1].listen"),
+        (
+            lambda r: r["regions"][2]["zones"][1].update(listen="nowhere"),
+            "regions[2].zones[1].listen",
+        ),
         (lambda r: r["regions"][0]["location"].update(lat=123.0), "regions[0].location"),
         (lambda r: r.update(summary_cadence_s=0), "summary_cadence_s"),
-        (lambda r: r["regions"][0]["zones"][0]["gpus"][0].update(throttle=1.5),
-         "regions[0].zones[0].gpus[0].throttle"),
-        (lambda r: r["regions"][0]["zones"][0]["gpus"][0].update(models=[]),
-         "regions[0].zones[0].gpus[0].models"),
-        (lambda r: r["regions"][0]["zones"][0]["gpus"][0].update(max_concurrency="many"),
-         "regions[0].zones[0].gpus[0].max_concurrency"),
+        (
+            lambda r: r["regions"][0]["zones"][0]["gpus"][0].update(throttle=1.5),
+            "regions[0].zones[0].gpus[0].throttle",
+        ),
+        (
+            lambda r: r["regions"][0]["zones"][0]["gpus"][0].update(models=[]),
+            "regions[0].zones[0].gpus[0].models",
+        ),
+        (
+            lambda r: r["regions"][0]["zones"][0]["gpus"][0].update(max_concurrency="many"),
+            "regions[0].zones[0].gpus[0].max_concurrency",
+        ),
         (lambda r: r.update(regions=[]), "regions"),
     ],
 )

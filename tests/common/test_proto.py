@@ -23,11 +23,23 @@ def test_v2_service_matches_the_spec_names() -> None:
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
     assert service.full_name == "inference.GRPCInferenceService"
     assert [m.name for m in service.methods] == [
-        "ServerLive", "ServerReady", "ModelReady", "ServerMetadata", "ModelMetadata",
-        "ModelInfer", "ModelStreamInfer",
+        "ServerLive",
+        "ServerReady",
+        "ModelReady",
+        "ServerMetadata",
+        "ModelMetadata",
+        "ModelInfer",
+        "ModelStreamInfer",
     ]
     fields = {f.name: f.number for f in pb.ModelInferRequest.DESCRIPTOR.fields}
-    assert fields == {"model_name": 1, "model_version": 2, "id": 3, "parameters": 4,
-                      "inputs": 5, "outputs": 6, "raw_input_contents": 7}
+    assert fields == {
+        "model_name": 1,
+        "model_version": 2,
+        "id": 3,
+        "parameters": 4,
+        "inputs": 5,
+        "outputs": 6,
+        "raw_input_contents": 7,
+    }
     stream = {f.name: f.number for f in pb.ModelStreamInferResponse.DESCRIPTOR.fields}
     assert stream == {"error_message": 1, "infer_response": 2}

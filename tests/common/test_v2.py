@@ -29,7 +29,10 @@ def test_truncated_bytes_tensor_rejected(raw: bytes) -> None:
 def test_parse_raw_request() -> None:
     gen = parse_generate(generate_request("demo-llm", "one two three", 7))
     assert (gen.model, gen.prompt, gen.max_tokens, gen.prompt_tokens) == (
-        "demo-llm", "one two three", 7, 3,
+        "demo-llm",
+        "one two three",
+        7,
+        3,
     )
 
 
@@ -71,15 +74,17 @@ def test_missing_text_input() -> None:
 
 def test_ill_typed_text_input() -> None:
     request = pb.ModelInferRequest(model_name="m")
-    request.inputs.add(name="text_input", datatype="INT32", shape=[1]).contents.int_contents.append(1)
+    request.inputs.add(name="text_input", datatype="INT32", shape=[1]).contents.int_contents.append(
+        1
+    )
     assert "must have datatype BYTES" in _invalid(request)
 
 
 def test_two_prompts_rejected() -> None:
     request = pb.ModelInferRequest(model_name="m")
-    request.inputs.add(name="text_input", datatype="BYTES", shape=[2]).contents.bytes_contents.extend(
-        [b"a", b"b"]
-    )
+    request.inputs.add(
+        name="text_input", datatype="BYTES", shape=[2]
+    ).contents.bytes_contents.extend([b"a", b"b"])
     assert "exactly one element" in _invalid(request)
 
 

@@ -62,7 +62,9 @@ def test_streaming_through_all_three_tiers(client: V2Client) -> None:
 
 
 def test_several_requests_on_one_stream(client: V2Client) -> None:
-    requests = [generate_request("demo-llm", f"prompt {i}", 3, request_id=f"r{i}") for i in range(3)]
+    requests = [
+        generate_request("demo-llm", f"prompt {i}", 3, request_id=f"r{i}") for i in range(3)
+    ]
     responses, _ = client.stream(requests, metadata=[DUBLIN])
     by_id: dict[str, int] = {}
     for r in responses:
@@ -98,7 +100,7 @@ def test_server_metadata_and_readiness(client: V2Client) -> None:
     assert not client.stub.ModelReady(pb.ModelReadyRequest(name="nope")).ready
     assert client.stub.ServerMetadata(pb.ServerMetadataRequest()).name == "meridian-global"
     meta = client.stub.ModelMetadata(pb.ModelMetadataRequest(name="demo-llm"))
-    assert [(t.name, t.datatype) for t in meta.inputs][0] == ("text_input", "BYTES")
+    assert next((t.name, t.datatype) for t in meta.inputs) == ("text_input", "BYTES")
     assert [(t.name, t.datatype) for t in meta.outputs] == [("text_output", "BYTES")]
 
 
@@ -114,21 +116,29 @@ class TestErrors:
         before = served_requests(demo_fleet)
         err = expect_code(grpc.StatusCode.NOT_FOUND, client.infer, model="gpt-17")
         assert "gpt-17" in err.details() and "demo-llm" in err.details()
-        expect_code(grpc.StatusCode.NOT_FOUND, client.stub.ModelMetadata,
-                    pb.ModelMetadataRequest(name="gpt-17"))
+        expect_code(
+            grpc.StatusCode.NOT_FOUND,
+            client.stub.ModelMetadata,
+            pb.ModelMetadataRequest(name="gpt-17"),
+        )
         self.check_nothing_served(demo_fleet, before, client)
 
     def test_missing_text_input(self, client: V2Client, demo_fleet: Fleet) -> None:
         before = served_requests(demo_fleet)
-        err = expect_code(grpc.StatusCode.INVALID_ARGUMENT, client.infer,
-                          request=pb.ModelInferRequest(model_name="demo-llm"))
+        err = expect_code(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            client.infer,
+            request=pb.ModelInferRequest(model_name="demo-llm"),
+        )
         assert "text_input" in err.details()
         self.check_nothing_served(demo_fleet, before, client)
 
     def test_ill_typed_text_input(self, client: V2Client, demo_fleet: Fleet) -> None:
         before = served_requests(demo_fleet)
         request = pb.ModelInferRequest(model_name="demo-llm")
-        request.inputs.add(name="text_input", datatype="FP32", shape=[1]).contents.fp32_contents.append(1)
+        request.inputs.add(
+            name="text_input", datatype="FP32", shape=[1]
+        ).contents.fp32_contents.append(1)
         err = expect_code(grpc.StatusCode.INVALID_ARGUMENT, client.infer, request=request)
         assert "BYTES" in err.details()
         self.check_nothing_served(demo_fleet, before, client)
@@ -162,16 +172,26 @@ class TestErrors:
 
     def test_malformed_metadata_on_a_stream(self, client: V2Client) -> None:
         request = generate_request("demo-llm", "x", 2)
-        err = expect_code(grpc.StatusCode.INVALID_ARGUMENT, client.stream, [request],
-                          metadata=[("x-meridian-client-geo", "x")])
+        err = expect_code(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            client.stream,
+            [request],
+            metadata=[("x-meridian-client-geo", "x")],
+        )
         assert "x-meridian-client-geo" in err.details()
 
 
 def test_deadline_passes_down_and_work_is_released(client: V2Client, demo_fleet: Fleet) -> None:
     """The GPU stops working on a request once its caller's deadline is spent."""
     start = time.monotonic()
-    expect_code(grpc.StatusCode.DEADLINE_EXCEEDED, client.infer, "long job", 8000,
-                metadata=[DUBLIN], timeout=0.2)
+    expect_code(
+        grpc.StatusCode.DEADLINE_EXCEEDED,
+        client.infer,
+        "long job",
+        8000,
+        metadata=[DUBLIN],
+        timeout=0.2,
+    )
     assert time.monotonic() - start < 2.0
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
@@ -204,7 +224,11 @@ def test_summaries_read_back_from_redis(demo_fleet: Fleet) -> None:
                 assert entries, f"no summary for {zone.name}"
                 latest = capacity_pb2.CapacitySummary.FromString(entries[-1][1][b"summary"])
                 (model,) = latest.models
-                assert (latest.region, latest.zone, model.model) == (region.name, zone.name, "demo-llm")
+                assert (latest.region, latest.zone, model.model) == (
+                    region.name,
+                    zone.name,
+                    "demo-llm",
+                )
                 assert model.healthy_gpus == model.total_gpus == 4
                 assert model.total_slots == 4 * 16
                 assert latest.sequence >= 2
@@ -220,7 +244,9 @@ def test_stock_tritonclient_against_the_global_endpoint(demo_fleet: Fleet) -> No
     script = Path(__file__).with_name("triton_client_check.py")
     done = subprocess.run(
         [sys.executable, str(script), demo_fleet.global_address],
-        capture_output=True, text=True, timeout=120,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])

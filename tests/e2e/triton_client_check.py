@@ -31,17 +31,22 @@ def text_input(prompt: str) -> grpcclient.InferInput:
 
 
 result = client.infer(
-    "demo-llm", [text_input("tell me about routers")], parameters={"max_tokens": 6},
+    "demo-llm",
+    [text_input("tell me about routers")],
+    parameters={"max_tokens": 6},
     headers={"x-meridian-client-geo": "53.35,-6.26"},
 )
 out["unary_text"] = result.as_numpy("text_output")[0].decode()
 out["unary_route"] = None
 
 responses: "queue.Queue[object]" = queue.Queue()
-client.start_stream(callback=lambda result, error: responses.put((result, error)),
-                    headers={"x-meridian-client-geo": "1.35,103.82"})
-client.async_stream_infer("demo-llm", [text_input("stream this please")],
-                          parameters={"max_tokens": 5})
+client.start_stream(
+    callback=lambda result, error: responses.put((result, error)),
+    headers={"x-meridian-client-geo": "1.35,103.82"},
+)
+client.async_stream_infer(
+    "demo-llm", [text_input("stream this please")], parameters={"max_tokens": 5}
+)
 tokens, finals, errors = [], [], []
 while True:
     result, error = responses.get(timeout=30)

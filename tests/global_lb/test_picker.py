@@ -10,8 +10,11 @@ TTL = 1.5
 
 
 def regions():
-    return [child("us-east", location=US), child("eu-west", location=EU),
-            child("ap-southeast", location=AP)]
+    return [
+        child("us-east", location=US),
+        child("eu-west", location=EU),
+        child("ap-southeast", location=AP),
+    ]
 
 
 def names(ranked):

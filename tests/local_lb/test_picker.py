@@ -13,8 +13,10 @@ def test_least_outstanding_work_first() -> None:
 
 def test_work_is_normalised_by_speed() -> None:
     # Same outstanding work: the H100 (speed 2) drains it in half the time.
-    gpus = [child("a100", speed=1.0, outstanding_work=100), child("h100", speed=2.0,
-                                                                   outstanding_work=100)]
+    gpus = [
+        child("a100", speed=1.0, outstanding_work=100),
+        child("h100", speed=2.0, outstanding_work=100),
+    ]
     assert names(LeastWorkPicker().rank(request(), gpus, 0))[0] == "h100"
     assert estimated_drain_tokens(gpus[1], 20) == 60
 
