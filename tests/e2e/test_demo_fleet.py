@@ -257,3 +257,21 @@ def test_stock_tritonclient_against_the_global_endpoint(demo_fleet: Fleet) -> No
     assert out["stream_errors"] == []
     assert len(out["stream_tokens"]) == 5
     assert out["stream_finals"] == [False] * 4 + [True]
+
+
+def test_health_and_reflection_on_the_global_tier(demo_fleet: Fleet) -> None:
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+
+    with grpc.insecure_channel(demo_fleet.global_address) as channel:
+        health = health_pb2_grpc.HealthStub(channel)
+        status = health.Check(
+            health_pb2.HealthCheckRequest(service="inference.GRPCInferenceService"), timeout=5
+        ).status
+        assert status == health_pb2.HealthCheckResponse.SERVING
+        reflect = reflection_pb2_grpc.ServerReflectionStub(channel)
+        replies = reflect.ServerReflectionInfo(
+            iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=5
+        )
+        services = {s.name for r in replies for s in r.list_services_response.service}
+        assert {"inference.GRPCInferenceService", "grpc.health.v1.Health"} <= services

@@ -37,7 +37,6 @@ result = client.infer(
     headers={"x-meridian-client-geo": "53.35,-6.26"},
 )
 out["unary_text"] = result.as_numpy("text_output")[0].decode()
-out["unary_route"] = None
 
 responses: "queue.Queue[object]" = queue.Queue()
 client.start_stream(
