@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -86,17 +86,30 @@ class ChildSet:
         *,
         probe_interval_s: float,
         summary_ttl_s: float,
+        kind: str = "child",
+        probe: bool = True,
         clock: Clock = time.monotonic,
     ) -> None:
         self.children = tuple(children)
+        self.kind = kind
+        # False when another component (the local tier's BackendMonitor) checks health.
+        self.probe = probe
         self.by_name = {c.name: c for c in self.children}
         self.probe_interval_s = probe_interval_s
         self.summary_ttl_s = summary_ttl_s
         self.clock = clock
-        # Called on every health transition (publishers use it to publish at once).
-        self.on_change: Callable[[], None] = lambda: None
+        # Called on every health transition (publishers publish at once, the local
+        # tier re-derives its free pools).
+        self._listeners: list[Callable[[], None]] = []
         self._channels: list[grpc.aio.Channel] = []
         self._probe_task: asyncio.Task[None] | None = None
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
 
     def __iter__(self) -> Iterator[Child]:
         return iter(self.children)
@@ -106,8 +119,9 @@ class ChildSet:
             channel = grpc.aio.insecure_channel(child.endpoint.address, options=CHANNEL_OPTIONS)
             self._channels.append(channel)
             child.stub = pb_grpc.GRPCInferenceServiceStub(channel)
-        await self.probe_all()
-        self._probe_task = asyncio.create_task(self._probe_loop(), name="child-probes")
+        if self.probe:
+            await self.probe_all()
+            self._probe_task = asyncio.create_task(self._probe_loop(), name="child-probes")
 
     async def stop(self) -> None:
         if self._probe_task is not None:
@@ -122,7 +136,7 @@ class ChildSet:
         if child.healthy:
             log.warning("child %s marked down: %s", child.name, error)
             child.healthy = False
-            self.on_change()
+            self._changed()
         child.last_error = error
 
     def mark_healthy(self, child: Child) -> None:
@@ -131,7 +145,7 @@ class ChildSet:
             child.healthy = True
             child.healthy_since = self.clock()
             child.last_error = ""
-            self.on_change()
+            self._changed()
 
     def take_summary(self, child_name: str, summary: capacity_pb2.CapacitySummary) -> None:
         """Record a summary from the Redis reader; older sequences from a source are ignored."""
@@ -147,6 +161,16 @@ class ChildSet:
             return
         child.summary = summary
         child.summary_received_at = self.clock()
+
+    def nothing_healthy(self, model: str, tried: Collection[str] = ()) -> str:
+        """Why no child can take a request for ``model``: each child and its state."""
+        states = []
+        for c in self.children:
+            if model not in c.models:
+                continue
+            why = "already tried" if c.name in tried else c.last_error or "no capacity"
+            states.append(f"{c.name} ({why})")
+        return f"no healthy {self.kind} can serve model {model!r}: " + "; ".join(states)
 
     def any_healthy(self) -> bool:
         return any(c.healthy for c in self.children)

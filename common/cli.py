@@ -55,7 +55,9 @@ def _run_tier(args: argparse.Namespace) -> None:
         else:
             from local_lb.server import build_local_tier
 
-            tier = build_local_tier(topology, _need(args, "region"), _need(args, "zone"))
+            tier = build_local_tier(
+                topology, _need(args, "region"), _need(args, "zone"), policy=args.policy
+            )
         await tier.serve_until(stop, grace=args.grace)
 
     asyncio.run(_until_signalled(run))
@@ -83,10 +85,15 @@ def _need(args: argparse.Namespace, name: str) -> str:
 
 def _run_up(args: argparse.Namespace) -> None:
     from common.launcher import Fleet
+    from local_lb.policies import POLICIES
 
+    if args.policy not in POLICIES:
+        raise ConfigError(f"--policy: unknown policy {args.policy!r}; known: {sorted(POLICIES)}")
     run_dir = Path(args.run_dir or tempfile.mkdtemp(prefix="meridian-up-"))
     overrides = {"time_scale": args.time_scale} if args.time_scale is not None else {}
-    fleet = Fleet(args.config, run_dir, overrides=overrides, redis_url=args.redis)
+    fleet = Fleet(
+        args.config, run_dir, overrides=overrides, redis_url=args.redis, policy=args.policy
+    )
     stop = False
 
     def on_signal(signum: int, frame: object) -> None:
@@ -105,6 +112,7 @@ def _run_up(args: argparse.Namespace) -> None:
             for zone in region.zones:
                 gpus = ", ".join(f"{g.name.rsplit('-', 1)[-1]}:{g.hardware}" for g in zone.gpus)
                 print(f"  zone     {zone.name:<14} local tier {zone.endpoint}  gpus {gpus}")
+        print(f"policy     {args.policy} (every local tier)")
         print(f"global     listening {fleet.global_address}  (KServe V2 gRPC, model demo-llm)")
         print("ready; Ctrl-C stops everything", flush=True)
         while not stop:
@@ -144,6 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--region")
         p.add_argument("--zone")
         p.add_argument("--redis", help="Redis URL, overriding the topology's redis_url")
+        p.add_argument("--policy", default="default", help="(local) GPU picking policy")
         p.add_argument("--grace", type=float, default=5.0, help="seconds to finish in-flight work")
         p.add_argument(
             "--time-scale", type=float, default=None, help="(worker) emulated time factor"
@@ -155,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--run-dir", help="where to write the resolved topology and logs")
     up.add_argument("--redis", help="use this Redis instead of starting an embedded one")
     up.add_argument("--time-scale", type=float, default=None)
+    up.add_argument("--policy", default="default", help="GPU picking policy of every local tier")
     load = sub.add_parser("loadgen", help="send a bounded run of requests and report")
     load.add_argument("--target", default="127.0.0.1:8001")
     load.add_argument("--model", default="demo-llm")

@@ -29,6 +29,9 @@ HARDWARE_KV_TOKENS: Mapping[str, int] = {
 }
 
 
+DEFAULT_VERSIONS = frozenset({"1"})
+
+
 class ConfigError(ValueError):
     """A configuration value is missing or invalid; the message names its key path."""
 
@@ -61,6 +64,14 @@ class GpuConfig:
     throttle: float = 1.0
     max_concurrency: int = 16
     kv_cache_tokens: int = 65_536
+    # Versions served per model; a model listed without "@version" serves version "1".
+    versions: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def serves(self, model: str, version: str = "") -> bool:
+        """True when this GPU serves ``model`` (at ``version``, when one is asked for)."""
+        if model not in self.models:
+            return False
+        return not version or version in self.versions.get(model, DEFAULT_VERSIONS)
 
     @property
     def speed(self) -> float:
@@ -115,6 +126,7 @@ class Topology:
     summary_stream_maxlen: int = 1000
     health_interval_s: float = 0.5
     time_scale: float = 1.0
+    slow_start_window_s: float = 30.0
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -239,9 +251,17 @@ def _gpu(node: _Node) -> GpuConfig:
             f"{node.key_path('hardware')}: unknown hardware class {hardware!r}; "
             f"known: {sorted(HARDWARE_SPEED)}"
         )
-    models = node.get("models", kind=list)
-    if not models or not all(isinstance(m, str) and m for m in models):
-        raise ConfigError(f"{node.key_path('models')}: expected a non-empty list of model names")
+    entries = node.get("models", kind=list)
+    if not entries or not all(isinstance(m, str) and m and not m.startswith("@") for m in entries):
+        raise ConfigError(
+            f"{node.key_path('models')}: expected a non-empty list of model names "
+            "('name' or 'name@version')"
+        )
+    versions: dict[str, set[str]] = {}
+    for entry in entries:
+        name, _, version = entry.partition("@")
+        versions.setdefault(name, set()).add(version or "1")
+    models = list(versions)
     throttle = node.get("throttle", 1.0, kind=float)
     if not 0 < throttle <= 1:
         raise ConfigError(f"{node.key_path('throttle')}: must be in (0, 1], got {throttle}")
@@ -260,6 +280,7 @@ def _gpu(node: _Node) -> GpuConfig:
         throttle=throttle,
         max_concurrency=max_concurrency,
         kv_cache_tokens=kv_tokens,
+        versions={m: frozenset(v) for m, v in versions.items()},
     )
     node.done()
     return gpu
@@ -315,6 +336,9 @@ def topology_from_mapping(raw: Any) -> Topology:
     _positive(root, "health_interval_s", health)
     time_scale = root.get("time_scale", 1.0, kind=float)
     _positive(root, "time_scale", time_scale)
+    slow_start = root.get("slow_start_window_s", 30.0, kind=float)
+    if slow_start < 0:
+        raise ConfigError(f"slow_start_window_s: must be >= 0, got {slow_start}")
     topology = Topology(
         global_tier=global_tier,
         regions=tuple(regions),
@@ -323,6 +347,7 @@ def topology_from_mapping(raw: Any) -> Topology:
         summary_stream_maxlen=maxlen,
         health_interval_s=health,
         time_scale=time_scale,
+        slow_start_window_s=slow_start,
     )
     root.done()
     return topology

@@ -107,7 +107,9 @@ class Fleet:
         *,
         overrides: dict[str, Any] | None = None,
         redis_url: str | None = None,
+        policy: str = "default",
     ) -> None:
+        self.policy = policy
         raw = yaml.safe_load(Path(fleet_file).read_text())
         raw.update(overrides or {})
         self.run_dir = Path(run_dir)
@@ -129,7 +131,8 @@ class Fleet:
             for zone in region.zones:
                 where = ["--region", region.name, "--zone", zone.name]
                 yield f"worker-{zone.name}", [*cli, "worker", *cfg, *where]
-                yield f"local-{zone.name}", [*cli, "local", *cfg, *where]
+                policy = ["--policy", self.policy]
+                yield f"local-{zone.name}", [*cli, "local", *cfg, *where, *policy]
         for region in self.topology.regions:
             yield f"regional-{region.name}", [*cli, "regional", *cfg, "--region", region.name]
         yield "global", [*cli, "global", *cfg]

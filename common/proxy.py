@@ -1,65 +1,47 @@
 """The request path, written once: receive, validate, pick, forward, retry, stream back.
 
-Every tier is this proxy with its own picker. A tier package supplies a
-``Picker`` (ranks children best first, pure and synchronous) and a
-``TierSpec``; the ``InferenceProxy`` does the rest of the V2 service:
+Every tier is this proxy with its own balancer (a picker plus whatever the
+tier reserves per attempt). The ``InferenceProxy`` does the rest of the V2
+service:
 
 * validation of the generate request and routing metadata (INVALID_ARGUMENT),
   unknown models (NOT_FOUND), no healthy child (UNAVAILABLE);
 * forwarding with the caller's remaining deadline (Python gRPC does not
   propagate deadlines by itself);
-* failover to the next-ranked child when a child is unreachable, but only
-  while no response byte has gone back to the caller;
+* retry on another child when the child could not take the request, only
+  while no response byte has gone back to the caller, after a jittered
+  exponential back-off and inside a retry budget (Envoy's: 20% of active
+  requests, at least 3);
 * the ``x-meridian-route`` trailer, each tier prepending its own name.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator, Callable, Sequence
+import random
+import time
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any
 
 import grpc
 
+from common.attempts import Attempts, Failover, passable, with_route
+from common.balancer import Balancer, Lease, Outcome
 from common.children import Child, ChildSet
 from common.errors import RouteError
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.geo import GeoPoint
+from common.pick import PickRequest
+from common.prefix import MAX_CARRIED_BLOCKS, prompt_block_hashes
+from common.resilience import RetryBudget, backoff_delay_s
 from common.routing import ROUTE, RouteHints, parse_hints, trailer
-from common.v2 import parse_generate
+from common.streaming import StreamForward
+from common.v2 import GenerateRequest, parse_generate
 
 VERSION = "0.1.0"
-# Codes that mean "this child could not take the request": try the next one.
-FAILOVER_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
-# Codes that also say the child itself is unreachable or broken.
-CHILD_DOWN_CODES = frozenset({grpc.StatusCode.UNAVAILABLE})
-
-
-@dataclass(frozen=True)
-class PickRequest:
-    """What a picker sees of a request."""
-
-    model: str
-    version: str
-    origin: GeoPoint | None
-    session: str | None
-    priority: str
-    prompt_tokens: int = 0
-    max_tokens: int = 0
-
-    @property
-    def work_tokens(self) -> float:
-        """Work this request adds to a child, in tokens (prefill plus decode)."""
-        return float(self.prompt_tokens + self.max_tokens)
-
-
-class Picker(Protocol):
-    """Ranks the children that may serve a request, best first. Pure: no I/O."""
-
-    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]: ...
+UPPER_TIER_FAILOVER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
 
 
 @dataclass(frozen=True)
@@ -71,51 +53,57 @@ class TierSpec:
     route_prefix: str | None
     # Inner tiers believe internal metadata from the tier above; the edge does not.
     trust_internal: bool
-    picker: Picker
     resolve_origin: Callable[[RouteHints], GeoPoint | None]
+    # Child statuses after which another child is tried (before any response byte).
+    failover_codes: frozenset[grpc.StatusCode] = UPPER_TIER_FAILOVER
     max_attempts: int = 3
 
 
 class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
-    """A V2 server that forwards every call to a child its picker chooses."""
+    """A V2 server that forwards every call to a child its balancer chooses."""
 
-    def __init__(self, spec: TierSpec, children: ChildSet) -> None:
+    def __init__(
+        self,
+        spec: TierSpec,
+        children: ChildSet,
+        balancer: Balancer,
+        *,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.spec = spec
         self.children = children
+        self.balancer = balancer
         self.models = frozenset(m for c in children for m in c.models)
+        self.retry_budget = RetryBudget()
+        self.rng = rng or random.Random()
+        self.clock = clock
 
     # ------------------------------------------------------------------ admin-ish RPCs
 
-    async def ServerLive(
-        self, request: pb.ServerLiveRequest, context: Any
-    ) -> pb.ServerLiveResponse:
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
         return pb.ServerLiveResponse(live=True)
 
-    async def ServerReady(
-        self, request: pb.ServerReadyRequest, context: Any
-    ) -> pb.ServerReadyResponse:
+    async def ServerReady(self, request: Any, context: Any) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.children.any_healthy())
 
-    async def ServerMetadata(
-        self, request: pb.ServerMetadataRequest, context: Any
-    ) -> pb.ServerMetadataResponse:
+    async def ServerMetadata(self, request: Any, context: Any) -> pb.ServerMetadataResponse:
         return pb.ServerMetadataResponse(name=f"meridian-{self.spec.tier}", version=VERSION)
 
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: Any
     ) -> pb.ModelReadyResponse:
         pick = PickRequest(request.name, request.version, None, None, "standard")
-        ranked = self.spec.picker.rank(pick, self.children.children, self.children.clock())
-        return pb.ModelReadyResponse(ready=bool(ranked))
+        return pb.ModelReadyResponse(
+            ready=request.name in self.models and bool(self.balancer.ranked(pick))
+        )
 
     async def ModelMetadata(
         self, request: pb.ModelMetadataRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelMetadataResponse:
         try:
-            hints = parse_hints(
-                context.invocation_metadata(), trust_internal=self.spec.trust_internal
-            )
-            pick = self._pick_request(request.name, request.version, hints, 0, 0)
+            hints = self.hints(context)
+            pick = self.pick_request(request.name, request.version, hints, None)
             response: pb.ModelMetadataResponse = await self._forward_unary(
                 "ModelMetadata", request, pick, hints, context
             )
@@ -131,12 +119,8 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
     ) -> pb.ModelInferResponse:
         try:
             gen = parse_generate(request)
-            hints = parse_hints(
-                context.invocation_metadata(), trust_internal=self.spec.trust_internal
-            )
-            pick = self._pick_request(
-                gen.model, gen.version, hints, gen.prompt_tokens, gen.max_tokens
-            )
+            hints = self.hints(context)
+            pick = self.pick_request(gen.model, gen.version, hints, gen)
             response: pb.ModelInferResponse = await self._forward_unary(
                 "ModelInfer", request, pick, hints, context
             )
@@ -151,45 +135,37 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> None:
         try:
-            hints = parse_hints(
-                context.invocation_metadata(), trust_internal=self.spec.trust_internal
-            )
-            await _StreamForward(self, hints, context).run(request_iterator)
+            await StreamForward(self, self.hints(context), context).run(request_iterator)
         except RouteError as err:
             await context.abort(err.code, err.message, trailing_metadata=err.trailers)
 
     # ------------------------------------------------------------------ shared mechanics
 
-    def _pick_request(
-        self, model: str, version: str, hints: RouteHints, prompt_tokens: int, max_tokens: int
+    def hints(self, context: grpc.aio.ServicerContext) -> RouteHints:
+        return parse_hints(context.invocation_metadata(), trust_internal=self.spec.trust_internal)
+
+    def pick_request(
+        self, model: str, version: str, hints: RouteHints, gen: GenerateRequest | None
     ) -> PickRequest:
         if model not in self.models:
             raise RouteError.not_found(
                 f"model {model!r} is not served here; known models: {sorted(self.models)}"
             )
+        blocks = hints.prefix_blocks
+        if gen is not None and not blocks:
+            # The edge hashes the prompt once; inner tiers reuse what it sent.
+            blocks = tuple(prompt_block_hashes(gen.prompt, model=model, limit=MAX_CARRIED_BLOCKS))
         return PickRequest(
             model=model,
             version=version,
             origin=self.spec.resolve_origin(hints),
             session=hints.session,
             priority=hints.priority,
-            prompt_tokens=prompt_tokens,
-            max_tokens=max_tokens,
+            prompt_tokens=gen.prompt_tokens if gen else 0,
+            max_tokens=gen.max_tokens if gen else 0,
+            tenant=hints.tenant,
+            prefix_blocks=blocks,
         )
-
-    def rank(self, pick: PickRequest) -> list[Child]:
-        """Ranked candidates; UNAVAILABLE naming the reasons when there are none."""
-        ranked = self.spec.picker.rank(pick, self.children.children, self.children.clock())
-        if not ranked:
-            raise RouteError.unavailable(self._nothing_healthy(pick.model))
-        return ranked[: self.spec.max_attempts]
-
-    def _nothing_healthy(self, model: str) -> str:
-        down = [f"{c.name} ({c.last_error or 'no capacity'})" for c in self.children if c.models]
-        return f"no healthy {self._child_kind()} can serve model {model!r}: " + "; ".join(down)
-
-    def _child_kind(self) -> str:
-        return {"global": "region", "regional": "zone", "local": "GPU"}.get(self.spec.tier, "child")
 
     def route_of(self, child: Child, child_trailers: Any) -> str:
         below = trailer(child_trailers, ROUTE) or child.name
@@ -204,6 +180,58 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             raise RouteError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline spent before forwarding")
         return float(remaining)
 
+    def downstream_metadata(
+        self, hints: RouteHints, pick: PickRequest, attempt: int
+    ) -> list[tuple[str, str]]:
+        return hints.downstream_metadata(pick.origin, hints.attempt + attempt, pick.prefix_blocks)
+
+    async def next_lease(
+        self, pick: PickRequest, attempts: Attempts, context: grpc.aio.ServicerContext
+    ) -> Lease:
+        """Reserve the child for the next attempt: after a back-off, inside the budget."""
+        n = len(attempts.tried)
+        if n:
+            if n >= self.spec.max_attempts or not self.retry_budget.try_start_retry():
+                raise attempts.error(self.children.kind, pick.model)
+            attempts.holding_retry = True
+            await asyncio.sleep(backoff_delay_s(n, self.rng))
+        try:
+            lease = await self.balancer.acquire(pick, attempts.tried, self.timeout(context))
+        except RouteError as err:
+            if n and err.code == grpc.StatusCode.UNAVAILABLE:
+                raise attempts.error(self.children.kind, pick.model) from None
+            raise
+        attempts.tried.append(lease.child.name)
+        return lease
+
+    def lease_timeout(self, lease: Lease, context: grpc.aio.ServicerContext) -> float | None:
+        """The time left once a lease is held (the wait for it may have spent it all)."""
+        try:
+            return self.timeout(context)
+        except RouteError:
+            self.settle(lease, grpc.StatusCode.DEADLINE_EXCEEDED, ())
+            raise
+
+    def end_attempt(self, attempts: Attempts) -> None:
+        if attempts.holding_retry:
+            attempts.holding_retry = False
+            self.retry_budget.retry_finished()
+
+    def settle(self, lease: Lease, code: grpc.StatusCode, trailers: Any, detail: str = "") -> None:
+        tokens = lease.extra.get("max_tokens", 0) if code == grpc.StatusCode.OK else 0
+        self.balancer.release(
+            lease,
+            Outcome(code, self.clock() - lease.started_at, tokens, trailers, detail),
+        )
+
+    def failover_or_raise(self, lease: Lease, exc: grpc.aio.AioRpcError) -> Failover:
+        """Settle a failed attempt; the Failover to record, or the RouteError to return."""
+        trailers = exc.trailing_metadata()
+        self.settle(lease, exc.code(), trailers, exc.details() or "")
+        if exc.code() in self.spec.failover_codes:
+            return Failover(lease.child.name, exc.code(), exc.details() or "", trailers)
+        raise RouteError(exc.code(), exc.details() or "", passable(trailers)) from None
+
     async def _forward_unary(
         self,
         method: str,
@@ -212,185 +240,35 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         hints: RouteHints,
         context: grpc.aio.ServicerContext,
     ) -> Any:
-        failures: list[str] = []
-        for attempt, child in enumerate(self.rank(pick)):
-            assert child.stub is not None
-            call = getattr(child.stub, method)(
-                request,
-                metadata=hints.downstream_metadata(pick.origin, hints.attempt + attempt),
-                timeout=self.timeout(context),
-            )
-            child.outstanding_requests += 1
-            child.outstanding_work += pick.work_tokens
-            try:
-                response = await call
-                trailers = await call.trailing_metadata()
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() not in FAILOVER_CODES:
-                    raise RouteError(exc.code(), exc.details() or "", _passable(exc)) from None
-                if exc.code() in CHILD_DOWN_CODES:
-                    self.children.mark_failed(child, f"{exc.code().name}: {exc.details()}")
-                failures.append(f"{child.name}: {exc.details()}")
-                continue
-            finally:
-                child.outstanding_requests -= 1
-                child.outstanding_work -= pick.work_tokens
-            context.set_trailing_metadata(_with_route(trailers, self.route_of(child, trailers)))
-            return response
-        raise RouteError.unavailable(
-            f"every {self._child_kind()} tried for model {pick.model!r} failed: "
-            + "; ".join(failures)
-        )
-
-
-def _passable(exc: grpc.aio.AioRpcError) -> tuple[tuple[str, str], ...]:
-    """Trailers of a child's error worth passing up (e.g. retry-after-ms)."""
-    return tuple(
-        (k, v)
-        for k, v in exc.trailing_metadata() or ()
-        if isinstance(v, str) and not k.startswith("grpc-")
-    )
-
-
-def _with_route(trailers: Any, route: str) -> tuple[tuple[str, str], ...]:
-    kept = tuple(
-        (k, v)
-        for k, v in trailers or ()
-        if k != ROUTE and isinstance(v, str) and not k.startswith("grpc-")
-    )
-    return (*kept, (ROUTE, route))
-
-
-class _StreamForward:
-    """One client stream relayed to one child stream.
-
-    The child is chosen at the first valid request. Until the child's first
-    response reaches the client, the requests sent so far are kept and
-    replayed on the next-ranked child if this one fails; after that, a child
-    failure ends the stream with the child's status. Invalid requests get an
-    ``error_message`` response and the stream goes on, as in Triton.
-    """
-
-    def __init__(
-        self, proxy: InferenceProxy, hints: RouteHints, context: grpc.aio.ServicerContext
-    ) -> None:
-        self.proxy = proxy
-        self.hints = hints
-        self.context = context
-        self.candidates: list[Child] = []
-        self.failures: list[str] = []
-        self.child: Child | None = None
-        self.call: Any = None
-        self.pick: PickRequest | None = None
-        self.replay: list[pb.ModelInferRequest] | None = []
-        self.client_done = False
-        self.upstream_ready = asyncio.Event()
-        self.lock = asyncio.Lock()
-        self.write_lock = asyncio.Lock()
-
-    async def run(self, request_iterator: AsyncIterator[pb.ModelInferRequest]) -> None:
-        reader = asyncio.create_task(self._read_client(request_iterator))
+        attempts = Attempts()
+        self.retry_budget.request_started()
         try:
-            await self._relay(reader)
-        finally:
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await reader
-            if self.call is not None:
-                self.call.cancel()
-            self._release()
-
-    async def _write(self, response: pb.ModelStreamInferResponse) -> None:
-        async with self.write_lock:
-            await self.context.write(response)
-
-    async def _read_client(self, request_iterator: AsyncIterator[pb.ModelInferRequest]) -> None:
-        try:
-            async for request in request_iterator:
+            while True:
                 try:
-                    gen = parse_generate(request)
-                    if self.pick is None:
-                        self.pick = self.proxy._pick_request(
-                            gen.model, gen.version, self.hints, gen.prompt_tokens, gen.max_tokens
-                        )
-                        self.candidates = self.proxy.rank(self.pick)
-                        async with self.lock:
-                            await self._open_next()
-                    elif gen.model not in self.proxy.models:
-                        raise RouteError.not_found(f"model {gen.model!r} is not served here")
-                except RouteError as err:
-                    if self.pick is None and err.code == grpc.StatusCode.UNAVAILABLE:
+                    lease = await self.next_lease(pick, attempts, context)
+                    lease.extra["max_tokens"] = pick.max_tokens
+                    timeout = self.lease_timeout(lease, context)
+                    assert lease.child.stub is not None
+                    call = getattr(lease.child.stub, method)(
+                        request,
+                        metadata=self.downstream_metadata(hints, pick, len(attempts.tried) - 1),
+                        timeout=timeout,
+                    )
+                    try:
+                        response = await call
+                        trailers = await call.trailing_metadata()
+                    except grpc.aio.AioRpcError as exc:
+                        attempts.failures.append(self.failover_or_raise(lease, exc))
+                        continue
+                    except asyncio.CancelledError:
+                        self.settle(lease, grpc.StatusCode.CANCELLED, ())
                         raise
-                    await self._write(pb.ModelStreamInferResponse(error_message=str(err)))
-                    continue
-                async with self.lock:
-                    if self.replay is not None:
-                        self.replay.append(request)
-                    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                        await self.call.write(request)
+                    self.settle(lease, grpc.StatusCode.OK, trailers)
+                    context.set_trailing_metadata(
+                        with_route(trailers, self.route_of(lease.child, trailers))
+                    )
+                    return response
+                finally:
+                    self.end_attempt(attempts)
         finally:
-            self.client_done = True
-            async with self.lock:
-                if self.call is not None:
-                    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                        await self.call.done_writing()
-            self.upstream_ready.set()
-
-    async def _open_next(self) -> None:
-        """Open the stream on the next candidate and replay what it missed (lock held)."""
-        self._release()
-        if not self.candidates:
-            assert self.pick is not None
-            raise RouteError.unavailable(
-                f"every {self.proxy._child_kind()} tried for model {self.pick.model!r} failed: "
-                + "; ".join(self.failures)
-            )
-        self.child = self.candidates.pop(0)
-        assert self.child.stub is not None and self.pick is not None
-        self.call = self.child.stub.ModelStreamInfer(
-            metadata=self.hints.downstream_metadata(
-                self.pick.origin, self.hints.attempt + len(self.failures)
-            ),
-            timeout=self.proxy.timeout(self.context),
-        )
-        self.child.outstanding_requests += 1
-        self.child.outstanding_work += self.pick.work_tokens
-        for request in self.replay or ():
-            await self.call.write(request)
-        if self.client_done:
-            await self.call.done_writing()
-        self.upstream_ready.set()
-
-    def _release(self) -> None:
-        if self.child is not None and self.pick is not None:
-            self.child.outstanding_requests -= 1
-            self.child.outstanding_work -= self.pick.work_tokens
-            self.child = None
-
-    async def _relay(self, reader: asyncio.Task[None]) -> None:
-        while True:
-            await self.upstream_ready.wait()
-            if self.call is None:
-                await reader  # the client ended without a valid request, or reading failed
-                return
-            call, child = self.call, self.child
-            assert child is not None
-            try:
-                async for response in call:
-                    self.replay = None  # a byte went back: no failover from here on
-                    await self._write(response)
-                trailers = await call.trailing_metadata()
-                self.context.set_trailing_metadata(
-                    _with_route(trailers, self.proxy.route_of(child, trailers))
-                )
-                await reader
-                return
-            except grpc.aio.AioRpcError as exc:
-                if call.cancelled() and reader.done():
-                    return
-                if self.replay is None or exc.code() not in FAILOVER_CODES:
-                    raise RouteError(exc.code(), exc.details() or "", _passable(exc)) from None
-                self.proxy.children.mark_failed(child, f"{exc.code().name}: {exc.details()}")
-                self.failures.append(f"{child.name}: {exc.details()}")
-                async with self.lock:
-                    await self._open_next()
+            self.retry_budget.request_finished()

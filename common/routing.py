@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 from common.errors import RouteError
 from common.geo import GeoPoint, format_geo, parse_geo
+from common.prefix import PREFIX_BLOCKS, decode_blocks, encode_blocks
 
 SESSION = "x-meridian-session"
 PRIORITY = "x-meridian-priority"
@@ -22,12 +23,13 @@ CLIENT_GEO = "x-meridian-client-geo"
 CLIENT_REGION = "x-meridian-client-region"
 ORIGIN = "x-meridian-origin"
 ATTEMPT = "x-meridian-attempt"
+TENANT = "x-meridian-tenant"
 ROUTE = "x-meridian-route"
 LOAD = "x-meridian-load"
 
 PRIORITIES = ("critical", "standard", "sheddable")
 CLIENT_KEYS = frozenset({SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION})
-INTERNAL_KEYS = frozenset({ORIGIN, ATTEMPT})
+INTERNAL_KEYS = frozenset({ORIGIN, ATTEMPT, TENANT, PREFIX_BLOCKS})
 # Passed through to the tier below (and on to the GPU) when present.
 PASS_THROUGH = frozenset(
     {"traceparent", "tracestate", SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION}
@@ -47,20 +49,28 @@ class RouteHints:
     priority: str
     attempt: int
     passed_down: tuple[tuple[str, str], ...]
+    tenant: str = ""
+    prefix_blocks: tuple[int, ...] = ()
 
-    def downstream_metadata(self, origin: GeoPoint | None, attempt: int) -> list[tuple[str, str]]:
+    def downstream_metadata(
+        self, origin: GeoPoint | None, attempt: int, prefix_blocks: tuple[int, ...] = ()
+    ) -> list[tuple[str, str]]:
         """Metadata for a call to the tier below."""
         md = list(self.passed_down)
         if origin is not None:
             md.append((ORIGIN, format_geo(origin)))
         md.append((ATTEMPT, str(attempt)))
+        if self.tenant:
+            md.append((TENANT, self.tenant))
+        if prefix_blocks:
+            md.append((PREFIX_BLOCKS, encode_blocks(list(prefix_blocks))))
         return md
 
 
 def _text(key: str, value: str | bytes) -> str:
     if isinstance(value, bytes):
         raise RouteError.invalid(f"metadata '{key}' must be text, not binary")
-    if len(value) > MAX_VALUE_LEN:
+    if len(value) > MAX_VALUE_LEN and key != PREFIX_BLOCKS:
         raise RouteError.invalid(f"metadata '{key}' is longer than {MAX_VALUE_LEN} characters")
     return value
 
@@ -95,6 +105,9 @@ def parse_hints(metadata: Metadata | None, *, trust_internal: bool) -> RouteHint
             attempt = int(values[ATTEMPT])
         except ValueError:
             raise RouteError.invalid(f"metadata '{ATTEMPT}' must be an integer") from None
+    blocks: tuple[int, ...] = ()
+    if trust_internal and PREFIX_BLOCKS in values:
+        blocks = tuple(decode_blocks(values[PREFIX_BLOCKS]))
     region = values.get(CLIENT_REGION)
     if region is not None and not region:
         raise RouteError.invalid(f"metadata '{CLIENT_REGION}' is empty; name a region or omit it")
@@ -105,6 +118,8 @@ def parse_hints(metadata: Metadata | None, *, trust_internal: bool) -> RouteHint
         priority=priority,
         attempt=attempt,
         passed_down=tuple(passed),
+        tenant=values.get(TENANT, "") if trust_internal else "",
+        prefix_blocks=blocks,
     )
 
 

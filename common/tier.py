@@ -8,11 +8,15 @@ child channels.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Protocol
 
+from common.balancer import Balancer
 from common.capacity import CapacityPublisher, CapacityReader
 from common.children import ChildSet
 from common.config import Endpoint
@@ -28,21 +32,57 @@ def source_id(tier: str, *names: str) -> str:
     return "/".join((tier, *names, f"{os.getpid()}-{secrets.token_hex(3)}"))
 
 
+class Service(Protocol):
+    """A background component a tier owns (health monitor, periodic refresh)."""
+
+    async def start(self) -> None: ...
+
+    async def stop(self) -> None: ...
+
+
+class Ticker:
+    """Calls ``tick()`` every ``interval_s`` until stopped; a failing tick is logged."""
+
+    def __init__(self, tick: Callable[[], None], interval_s: float) -> None:
+        self.tick = tick
+        self.interval_s = interval_s
+        self._task: asyncio.Task[None] | None = None
+
+    async def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="ticker")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.interval_s)
+            try:
+                self.tick()
+            except Exception:
+                log.exception("periodic refresh failed")
+
+
 @dataclass
 class TierServer:
     """One running tier: serves V2 on ``endpoint`` and forwards to ``children``."""
 
     spec: TierSpec
     children: ChildSet
+    balancer: Balancer
     endpoint: Endpoint
     publisher: CapacityPublisher | None = None
     reader: CapacityReader | None = None
+    services: list[Service] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.proxy = InferenceProxy(self.spec, self.children)
+        self.proxy = InferenceProxy(self.spec, self.children, self.balancer)
         self.server = V2Server(self.proxy, self.endpoint)
         if self.publisher is not None:
-            self.children.on_change = self.publisher.poke
+            self.children.add_listener(self.publisher.poke)
 
     @property
     def port(self) -> int:
@@ -52,6 +92,8 @@ class TierServer:
         if self.reader is not None:
             self.reader.start()
         await self.children.start()
+        for service in self.services:
+            await service.start()
         await self.server.start()
         await self.server.set_serving(True)
         if self.publisher is not None:
@@ -63,6 +105,8 @@ class TierServer:
             await self.publisher.stop()
         if self.reader is not None:
             await self.reader.stop()
+        for service in reversed(self.services):
+            await service.stop()
         await self.children.stop()
 
     async def serve_until(self, stop_event: asyncio.Event, grace: float = 5.0) -> None:

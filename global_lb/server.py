@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from common.balancer import RankingBalancer
 from common.capacity import CapacityReader, region_stream
 from common.children import Child, ChildSet
 from common.config import Topology
@@ -22,6 +23,7 @@ def build_global_tier(topology: Topology) -> TierServer:
         ),
         probe_interval_s=topology.health_interval_s,
         summary_ttl_s=topology.summary_ttl_s,
+        kind="region",
     )
     reader = CapacityReader(
         topology.redis_url,
@@ -48,7 +50,7 @@ def build_global_tier(topology: Topology) -> TierServer:
         tier="global",
         route_prefix=None,
         trust_internal=False,
-        picker=RegionPicker(home, topology.summary_ttl_s),
         resolve_origin=origin,
     )
-    return TierServer(spec, regions, topology.global_tier.endpoint, reader=reader)
+    balancer = RankingBalancer(RegionPicker(home, topology.summary_ttl_s), regions)
+    return TierServer(spec, regions, balancer, topology.global_tier.endpoint, reader=reader)

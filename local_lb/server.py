@@ -2,77 +2,134 @@
 
 from __future__ import annotations
 
+import random
 import time
 
+import grpc
+
 from common.capacity import CapacityPublisher, zone_stream
-from common.children import Child, ChildSet
-from common.config import Topology
+from common.children import ChildSet
+from common.config import ConfigError, GpuConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
 from common.proxy import TierSpec
+from common.resilience import SlowStartConfig
 from common.routing import RouteHints
-from common.tier import TierServer, source_id
-from local_lb.picker import LeastWorkPicker
+from common.tier import Ticker, TierServer, source_id
+from local_lb.balancer import LocalBalancer
+from local_lb.load import BackendMonitor, MonitoredGpu
+from local_lb.policies import make_picker
+from local_lb.queue import CentralQueue
+from local_lb.state import GpuChild, LocalView
 
-# Aggregate decode throughput of one A100 at full batch, tokens/s (emulated GPU's scale).
-A100_TOKENS_PER_S = 2000.0
+# Work (decode-token equivalents) per second of one A100 at a full batch: the
+# seed of each GPU's learned rate, scaled by its hardware speed.
+A100_WORK_PER_S = 2000.0
+
+
+def gpu_child(cfg: GpuConfig) -> GpuChild:
+    return GpuChild(
+        name=cfg.name,
+        endpoint=cfg.endpoint,
+        models=frozenset(cfg.models),
+        speed=cfg.speed,
+        hardware=cfg.hardware,
+        slots=cfg.max_concurrency,
+        versions=dict(cfg.versions),
+        rate=cfg.speed * A100_WORK_PER_S,
+    )
 
 
 def zone_summary(
-    gpus: ChildSet, slots: dict[str, int], *, source: str, sequence: int, region: str, zone: str
+    view: LocalView, queue: CentralQueue, *, source: str, sequence: int, region: str, zone: str
 ) -> capacity_pb2.CapacitySummary:
     """The zone's capacity per model, from this tier's view of its GPUs."""
     models: dict[str, capacity_pb2.ModelCapacity] = {}
     busy: dict[str, int] = {}
-    queued_work: dict[str, float] = {}
-    for gpu in gpus:
+    now = time.monotonic()
+    for gpu in view.gpus:
+        usable = gpu.healthy and gpu.routable and not gpu.ejected
+        sample = view.load.get(gpu.name, now, view.report_max_age_s)
         for model in sorted(gpu.models):
             entry = models.setdefault(model, capacity_pb2.ModelCapacity(model=model))
             entry.total_gpus += 1
-            if not gpu.healthy:
+            if not usable:
                 continue
             entry.healthy_gpus += 1
-            entry.total_slots += slots[gpu.name]
-            running = min(gpu.outstanding_requests, slots[gpu.name])
-            busy[model] = busy.get(model, 0) + running
-            entry.queued_requests += gpu.outstanding_requests - running
-            entry.token_throughput_capacity += gpu.speed * A100_TOKENS_PER_S
-            queued_work[model] = queued_work.get(model, 0.0) + gpu.outstanding_work
+            entry.total_slots += gpu.slots
+            busy[model] = busy.get(model, 0) + min(gpu.outstanding_requests, gpu.slots)
+            entry.token_throughput_capacity += gpu.rate
+            if sample is not None:
+                entry.queued_requests += int(sample.waiting)
+                if sample.kv_cache_usage is not None:
+                    entry.kv_cache_usage += sample.kv_cache_usage * gpu.slots
     for model, entry in models.items():
+        entry.queued_requests += queue.depth_for_model(model)
         entry.free_slots = entry.total_slots - busy.get(model, 0)
         if entry.total_slots:
             entry.utilisation = busy.get(model, 0) / entry.total_slots
-            entry.kv_cache_usage = entry.utilisation
-        if entry.token_throughput_capacity and entry.queued_requests:
-            entry.estimated_wait_s = queued_work[model] / entry.token_throughput_capacity
+            entry.kv_cache_usage /= entry.total_slots
+        drain_rps = sum(
+            g.slots / (g.latency_ewma_s or 1.0) for g in view.by_model.get(model, ()) if g.healthy
+        )
+        if entry.queued_requests and drain_rps:
+            entry.estimated_wait_s = entry.queued_requests / drain_rps
     return capacity_pb2.CapacitySummary(
         source_id=source,
         sequence=sequence,
         timestamp_ms=int(time.time() * 1000),
         region=region,
         zone=zone,
-        publisher_healthy=gpus.any_healthy(),
+        publisher_healthy=any(g.healthy for g in view.gpus),
         models=[models[m] for m in sorted(models)],
     )
 
 
-def build_local_tier(topology: Topology, region: str, zone: str) -> TierServer:
+def build_local_tier(
+    topology: Topology, region: str, zone: str, *, policy: str = "default"
+) -> TierServer:
     """The local tier of ``region``/``zone`` as described by ``topology``."""
     zone_cfg = topology.zone(region, zone)
-    gpus = ChildSet(
-        (
-            Child(name=g.name, endpoint=g.endpoint, models=frozenset(g.models), speed=g.speed)
-            for g in zone_cfg.gpus
-        ),
+    gpus = tuple(gpu_child(g) for g in zone_cfg.gpus)
+    children = ChildSet(
+        gpus,
         probe_interval_s=topology.health_interval_s,
         summary_ttl_s=topology.summary_ttl_s,
+        kind="GPU",
+        probe=False,
     )
-    slots = {g.name: g.max_concurrency for g in zone_cfg.gpus}
+    view = LocalView(gpus, report_max_age_s=4 * topology.health_interval_s)
+    rng = random.Random()
+    try:
+        picker = make_picker(policy, view, rng)
+    except ValueError as exc:
+        raise ConfigError(f"--policy: {exc}") from None
+    balancer = LocalBalancer(
+        view=view,
+        picker=picker,
+        children=children,
+        slow_start_config=SlowStartConfig(window_s=topology.slow_start_window_s),
+        rng=rng,
+    )
+
+    def on_health(name: str, healthy: bool, reason: str) -> None:
+        gpu = children.by_name[name]
+        if healthy:
+            children.mark_healthy(gpu)
+        else:
+            children.mark_failed(gpu, reason)
+
+    monitor = BackendMonitor(
+        (MonitoredGpu.from_config(g) for g in zone_cfg.gpus),
+        on_health=on_health,
+        book=view.load,
+        interval_s=topology.health_interval_s,
+    )
     source = source_id("local", region, zone)
     publisher = CapacityPublisher(
         topology.redis_url,
         zone_stream(region, zone),
         lambda seq: zone_summary(
-            gpus, slots, source=source, sequence=seq, region=region, zone=zone
+            view, balancer.queue, source=source, sequence=seq, region=region, zone=zone
         ),
         cadence_s=topology.summary_cadence_s,
         maxlen=topology.summary_stream_maxlen,
@@ -85,7 +142,15 @@ def build_local_tier(topology: Topology, region: str, zone: str) -> TierServer:
         tier="local",
         route_prefix=zone,
         trust_internal=True,
-        picker=LeastWorkPicker(),
         resolve_origin=origin,
+        # A GPU that sheds load is reported up, so the regional tier can try another zone.
+        failover_codes=frozenset({grpc.StatusCode.UNAVAILABLE}),
     )
-    return TierServer(spec, gpus, zone_cfg.endpoint, publisher=publisher)
+    return TierServer(
+        spec,
+        children,
+        balancer,
+        zone_cfg.endpoint,
+        publisher=publisher,
+        services=[monitor, Ticker(balancer.refresh_all, topology.health_interval_s / 2)],
+    )

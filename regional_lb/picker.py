@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from common.children import Child
 from common.geo import GeoPoint, great_circle_km
-from common.proxy import PickRequest
+from common.pick import PickRequest
 
 
 @dataclass

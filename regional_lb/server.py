@@ -3,6 +3,7 @@ summaries, publishes the region's."""
 
 from __future__ import annotations
 
+from common.balancer import RankingBalancer
 from common.capacity import CapacityPublisher, CapacityReader, aggregate, region_stream, zone_stream
 from common.children import Child, ChildSet
 from common.config import Topology
@@ -50,6 +51,7 @@ def build_regional_tier(topology: Topology, region: str) -> TierServer:
         ),
         probe_interval_s=topology.health_interval_s,
         summary_ttl_s=topology.summary_ttl_s,
+        kind="zone",
     )
     reader = CapacityReader(
         topology.redis_url,
@@ -72,7 +74,9 @@ def build_regional_tier(topology: Topology, region: str) -> TierServer:
         tier="regional",
         route_prefix=region,
         trust_internal=True,
-        picker=ZonePicker(region_cfg.location, topology.summary_ttl_s),
         resolve_origin=origin,
     )
-    return TierServer(spec, zones, region_cfg.endpoint, publisher=publisher, reader=reader)
+    balancer = RankingBalancer(ZonePicker(region_cfg.location, topology.summary_ttl_s), zones)
+    return TierServer(
+        spec, zones, balancer, region_cfg.endpoint, publisher=publisher, reader=reader
+    )

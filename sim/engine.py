@@ -21,12 +21,12 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from common.config import GpuConfig
+from common.prefix import BLOCK_TOKENS, prompt_block_hashes
 
 PREFILL_S_PER_TOKEN = 0.0002
 DECODE_STEP_BASE_S = 0.004
 DECODE_STEP_PER_SEQ_S = 0.0002
 # vLLM's default KV block size; prefix caching works on whole blocks only.
-BLOCK_TOKENS = 16
 # If the event loop falls further behind the emulated timeline than this (a
 # stalled process), forgive the debt instead of bursting steps to catch up.
 MAX_LAG_S = 0.1
@@ -54,22 +54,6 @@ class EngineStopped(EngineError):
 def step_cost_s(batch: int, prefill_tokens: int) -> float:
     """Duration of one engine step on an A100 at time scale 1."""
     return DECODE_STEP_BASE_S + DECODE_STEP_PER_SEQ_S * batch + PREFILL_S_PER_TOKEN * prefill_tokens
-
-
-def prompt_block_hashes(prompt: str, *, model: str = "") -> list[int]:
-    """Chained hashes of the prompt's whole blocks of ``BLOCK_TOKENS`` whitespace words.
-
-    Block i's hash covers blocks 0..i, so equal hashes mean equal prefixes.
-    blake2b (not ``hash()``) so every process, e.g. a router, computes the same values.
-    """
-    words = prompt.split()
-    digest = hashlib.blake2b(model.encode(), digest_size=8).digest()
-    hashes = []
-    for start in range(0, len(words) - BLOCK_TOKENS + 1, BLOCK_TOKENS):
-        block = " ".join(words[start : start + BLOCK_TOKENS]).encode()
-        digest = hashlib.blake2b(digest + block, digest_size=8).digest()
-        hashes.append(int.from_bytes(digest, "little"))
-    return hashes
 
 
 class PrefixCache:

@@ -17,7 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
-from common.config import Endpoint, GpuConfig, ZoneConfig
+from common.config import DEFAULT_VERSIONS, Endpoint, GpuConfig, ZoneConfig
 from common.errors import RouteError
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
@@ -28,7 +28,6 @@ from sim.engine import EngineError, GpuEngine, RequestTooLarge
 SERVER_NAME = "meridian-sim-gpu"
 SERVER_VERSION = "0.1.0"
 PLATFORM = "meridian-sim"
-MODEL_VERSIONS = ("1",)
 ROUTE_HEADER = "x-meridian-route"
 LOAD_HEADER = "x-meridian-load"
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -185,7 +184,7 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: Any) -> Any:
         context.set_trailing_metadata(self._trailers())
-        known = request.name in self.gpu.models and _version_ok(request.version)
+        known = self.gpu.serves(request.name, request.version)
         return pb.ModelReadyResponse(ready=self._ready and known)
 
     async def ModelMetadata(self, request: pb.ModelMetadataRequest, context: Any) -> Any:
@@ -197,7 +196,7 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
         meta = pb.ModelMetadataResponse
         return meta(
             name=request.name,
-            versions=list(MODEL_VERSIONS),
+            versions=sorted(self.gpu.versions.get(request.name, DEFAULT_VERSIONS)),
             platform=PLATFORM,
             inputs=[
                 meta.TensorMetadata(name="text_input", datatype="BYTES", shape=[1]),
@@ -301,14 +300,12 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
                 f"model {name!r} is not served by GPU {self.gpu.name}; "
                 f"it serves {list(self.gpu.models)}"
             )
-        if not _version_ok(version):
+        if not self.gpu.serves(name, version):
+            known = sorted(self.gpu.versions.get(name, DEFAULT_VERSIONS))
             raise RouteError.not_found(
-                f"model {name!r} has no version {version!r}; versions: {list(MODEL_VERSIONS)}"
+                f"model {name!r} has no version {version!r} on GPU {self.gpu.name}; "
+                f"versions: {known}"
             )
-
-
-def _version_ok(version: str) -> bool:
-    return version == "" or version in MODEL_VERSIONS
 
 
 def _label(value: str) -> str:

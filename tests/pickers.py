@@ -4,7 +4,7 @@ from common.children import Child
 from common.config import Endpoint
 from common.gen.meridian.v1 import capacity_pb2
 from common.geo import GeoPoint
-from common.proxy import PickRequest
+from common.pick import PickRequest
 
 MODEL = "demo-llm"
 

@@ -1,0 +1,96 @@
+"""How a tier turns a picker's ranking into a reserved child for one attempt.
+
+The proxy core asks its balancer for a ``Lease`` before each attempt and gives
+it back with the ``Outcome``. ``RankingBalancer`` (regional and global tiers)
+walks the picker's ranking, skipping children already tried. The local tier
+has its own balancer with slots, a central queue and outlier ejection
+(``local_lb/balancer.py``); both satisfy ``Balancer``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+
+from common.children import Child, ChildSet
+from common.errors import RouteError
+from common.pick import Picker, PickRequest
+
+# Status codes that say the child itself is broken or unreachable.
+CHILD_FAULT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+
+
+@dataclass
+class Lease:
+    """A child reserved for one attempt of one request."""
+
+    child: Child
+    work: float
+    started_at: float
+    # Requests in flight on the child when this one started (itself included).
+    concurrent: int = 1
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, as the balancer needs to learn from it."""
+
+    code: grpc.StatusCode
+    elapsed_s: float
+    completion_tokens: int = 0
+    trailers: Any = ()
+    detail: str = ""
+
+    @property
+    def child_fault(self) -> bool:
+        return self.code in CHILD_FAULT_CODES
+
+
+class Balancer(Protocol):
+    """Reserves a child for an attempt and learns from how it ended."""
+
+    async def acquire(
+        self, pick: PickRequest, tried: Collection[str], timeout: float | None
+    ) -> Lease: ...
+
+    def release(self, lease: Lease, outcome: Outcome) -> None: ...
+
+    def ranked(self, pick: PickRequest) -> list[Child]: ...
+
+
+class RankingBalancer:
+    """The next child in the picker's ranking that was not tried yet."""
+
+    def __init__(self, picker: Picker, children: ChildSet) -> None:
+        self.picker = picker
+        self.children = children
+
+    def ranked(self, pick: PickRequest) -> list[Child]:
+        return self.picker.rank(pick, self.children.children, self.children.clock())
+
+    async def acquire(
+        self, pick: PickRequest, tried: Collection[str], timeout: float | None
+    ) -> Lease:
+        for child in self.ranked(pick):
+            if child.name not in tried:
+                child.outstanding_requests += 1
+                child.outstanding_work += pick.work_tokens
+                return Lease(child, pick.work_tokens, self.children.clock())
+        raise RouteError.unavailable(self.children.nothing_healthy(pick.model, tried))
+
+    def release(self, lease: Lease, outcome: Outcome) -> None:
+        lease.child.outstanding_requests -= 1
+        lease.child.outstanding_work -= lease.work
+        if outcome.child_fault:
+            self.children.mark_failed(lease.child, f"{outcome.code.name}: {outcome.detail}")

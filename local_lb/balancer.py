@@ -1,0 +1,243 @@
+"""LocalBalancer: from a picker's ranking to one reserved GPU slot, with late binding.
+
+Per attempt it asks the policy for a ranking of GPUs that have a free slot,
+and reserves the first one it may use (not tried yet, serving the version,
+circuit breaker closed). When every eligible GPU is full, the request waits
+in the ``CentralQueue`` (strict priority, then tenant fairness) and is bound
+to the first GPU that frees a slot; if its expected wait already exceeds its
+deadline it is refused at once with RESOURCE_EXHAUSTED and ``retry-after-ms``,
+so the regional tier can try another zone.
+
+It learns from every finished attempt: the GPU's service rate (EWMA of work
+per second under its batch), its latency (for ``least_response_time``), its
+load report from the response trailer, and success or failure for Envoy-style
+outlier ejection. An ejected or unhealthy GPU leaves the free pools; a
+recovered one comes back through slow start.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+import time
+from collections.abc import Callable, Collection, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+
+from common.balancer import Lease, Outcome
+from common.children import Child, ChildSet
+from common.errors import RouteError
+from common.pick import Picker, PickRequest
+from common.prefix import BLOCK_TOKENS
+from common.resilience import (
+    CircuitBreaker,
+    OutlierConfig,
+    OutlierDetector,
+    SlowStart,
+    SlowStartConfig,
+)
+from local_lb.cost import ewma, rate_sample, request_work
+from local_lb.queue import CentralQueue, QueueFull, QueueRejected, QueueTimeout
+from local_lb.state import GpuChild, LocalView
+
+log = logging.getLogger(__name__)
+ANONYMOUS = "anonymous"
+
+
+@dataclass
+class LocalBalancer:
+    """Slots, central queue, learning and ejection around a local picker."""
+
+    view: LocalView
+    picker: Picker
+    children: ChildSet
+    outlier_config: OutlierConfig = field(default_factory=OutlierConfig)
+    slow_start_config: SlowStartConfig = field(default_factory=SlowStartConfig)
+    breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
+    max_queue_wait_s: float = 30.0
+    clock: Callable[[], float] = time.monotonic
+    rng: random.Random = field(default_factory=random.Random)
+
+    def __post_init__(self) -> None:
+        self.queue = CentralQueue(release=self._granted_slot_abandoned, clock=self.clock)
+        self.outlier = OutlierDetector(
+            self.outlier_config,
+            clock=self.clock,
+            total_children=len(self.view.gpus),
+            on_change=self._ejection_changed,
+        )
+        self.slow_start = SlowStart(self.slow_start_config, clock=self.clock)
+        self.children.add_listener(self.refresh_all)
+
+    # ------------------------------------------------------------------ request side
+
+    def ranked(self, pick: PickRequest) -> list[Child]:
+        pool = self.view.free.get(pick.model)
+        if pool is None:
+            return []
+        return self.picker.rank(pick, pool, self.clock())
+
+    async def acquire(
+        self, pick: PickRequest, tried: Collection[str], timeout: float | None
+    ) -> Lease:
+        serving = self.view.serving(pick.model, pick.version)
+        if not serving:
+            what = f"{pick.model!r} version {pick.version!r}" if pick.version else repr(pick.model)
+            raise RouteError.not_found(f"no GPU in this zone serves model {what}")
+        for gpu in self._candidates(pick, tried):
+            if self.breaker.try_acquire(gpu.name):
+                self._reserve(gpu)
+                return self._lease(gpu, pick, breaker=True)
+        if not any(self._routable(g) for g in serving):
+            raise RouteError.unavailable(self.children.nothing_healthy(pick.model, tried))
+        gpu = await self._wait_in_queue(pick, serving, timeout)
+        return self._lease(gpu, pick, breaker=False)
+
+    def _candidates(self, pick: PickRequest, tried: Collection[str]) -> Iterator[GpuChild]:
+        """The policy's ranking, then (on a retry whose ranked GPUs were all tried
+        already) any other free GPU: a retry never queues while a GPU is free."""
+        for gpu in self.ranked(pick):
+            assert isinstance(gpu, GpuChild)
+            if (
+                gpu.name not in tried
+                and gpu.free_slots > 0
+                and gpu.serves(pick.model, pick.version)
+            ):
+                yield gpu
+        if tried:
+            for gpu in list(self.view.free.get(pick.model, ())):
+                if gpu.name not in tried and gpu.serves(pick.model, pick.version):
+                    yield gpu
+
+    async def _wait_in_queue(
+        self, pick: PickRequest, serving: tuple[GpuChild, ...], timeout: float | None
+    ) -> GpuChild:
+        """Late binding: wait for the first slot any serving GPU frees."""
+        expected = self.queue.expected_wait_s(pick.priority, pick.model, self._drain_rps(serving))
+        if timeout is not None and expected > timeout:
+            raise RouteError.exhausted(
+                f"every GPU for {pick.model!r} is full and the expected queue wait "
+                f"({expected:.2f}s) exceeds the request's remaining deadline ({timeout:.2f}s)",
+                retry_after_ms=max(1, int(expected * 1000)),
+            )
+        # A request without a deadline still waits a bounded time.
+        deadline = self.clock() + (self.max_queue_wait_s if timeout is None else timeout)
+        try:
+            ticket = self.queue.enqueue(
+                model=pick.model,
+                tenant=pick.tenant or ANONYMOUS,
+                priority=pick.priority,
+                cost_tokens=max(1.0, pick.work_tokens),
+                deadline=deadline,
+            )
+            name = await ticket.wait()
+        except QueueTimeout:
+            raise RouteError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"deadline spent waiting for a free GPU slot for {pick.model!r}",
+            ) from None
+        except (QueueFull, QueueRejected) as exc:
+            retry = max(1, int(1000 * expected)) if expected else 1000
+            raise RouteError.exhausted(f"local queue is full: {exc}", retry) from None
+        return self.view.by_name[name]  # the slot was reserved for us by _hand_off
+
+    def _lease(self, gpu: GpuChild, pick: PickRequest, *, breaker: bool) -> Lease:
+        cached = 0
+        if pick.prefix_blocks:
+            cached = self.view.prefix.matches(pick.prefix_blocks, 8).get(gpu.name, 0)
+            self.view.prefix.record(pick.prefix_blocks, gpu.name)
+        work = request_work(pick.prompt_tokens, pick.max_tokens, cached * BLOCK_TOKENS)
+        gpu.outstanding_work += work
+        lease = Lease(gpu, work, self.clock(), concurrent=gpu.outstanding_requests)
+        lease.extra["breaker"] = breaker
+        return lease
+
+    def _drain_rps(self, serving: tuple[GpuChild, ...]) -> float:
+        """Requests per second the serving GPUs finish, from slots over latency."""
+        rate = 0.0
+        for gpu in serving:
+            if self._routable(gpu):
+                rate += gpu.slots / (gpu.latency_ewma_s or 1.0)
+        return max(rate, 1e-3)
+
+    # ------------------------------------------------------------------ completion side
+
+    def release(self, lease: Lease, outcome: Outcome) -> None:
+        gpu = lease.child
+        assert isinstance(gpu, GpuChild)
+        gpu.outstanding_work -= lease.work
+        if lease.extra.get("breaker"):
+            self.breaker.release(gpu.name)
+        now = self.clock()
+        self.view.load.record_trailer(gpu.name, outcome.trailers, now)
+        if outcome.code == grpc.StatusCode.OK:
+            self.outlier.record_success(gpu.name)
+            sample = rate_sample(lease.work, outcome.elapsed_s, lease.concurrent)
+            if sample is not None:
+                gpu.rate = ewma(gpu.rate, sample)
+            gpu.latency_ewma_s = (
+                ewma(gpu.latency_ewma_s, outcome.elapsed_s)
+                if gpu.latency_ewma_s
+                else outcome.elapsed_s
+            )
+        elif outcome.child_fault:
+            self.outlier.record_failure(gpu.name)
+            if outcome.code == grpc.StatusCode.UNAVAILABLE:
+                self.children.mark_failed(gpu, f"UNAVAILABLE: {outcome.detail}")
+        self._unreserve(gpu)
+        self._hand_off(gpu)
+
+    def _granted_slot_abandoned(self, name: str) -> None:
+        """A waiter was cancelled after the queue granted it a slot: free the slot."""
+        gpu = self.view.by_name[name]
+        self._unreserve(gpu)
+        self._hand_off(gpu)
+
+    # ------------------------------------------------------------------ slot accounting
+
+    def _reserve(self, gpu: GpuChild) -> None:
+        gpu.outstanding_requests += 1
+        self.view.inflight_total += 1
+        self.view.refresh(gpu)
+
+    def _unreserve(self, gpu: GpuChild) -> None:
+        gpu.outstanding_requests -= 1
+        self.view.inflight_total -= 1
+        self.view.refresh(gpu)
+
+    def _hand_off(self, gpu: GpuChild) -> None:
+        """Give the GPU's free slots to queued requests, best first."""
+        while len(self.queue) and self._routable(gpu) and gpu.free_slots > 0:
+            if not self.queue.offer(gpu.name, gpu.models):
+                return
+            self._reserve(gpu)
+
+    def _routable(self, gpu: GpuChild) -> bool:
+        return gpu.routable and gpu.healthy and not gpu.ejected
+
+    # ------------------------------------------------------------------ state changes
+
+    def _ejection_changed(self, name: str, ejected: bool) -> None:
+        gpu = self.view.by_name[name]
+        gpu.ejected = ejected
+        if ejected:
+            log.warning("GPU %s ejected after consecutive failures", name)
+        else:
+            self.slow_start.start(name)
+            gpu.share = self.slow_start.factor(name)
+        self.view.refresh(gpu)
+        self._hand_off(gpu)
+
+    def refresh_all(self) -> None:
+        """Re-derive every GPU's routability (health, ejection, slow start) and refill
+        free slots from the queue. O(GPUs); runs on a timer and on health changes."""
+        for gpu in self.view.gpus:
+            if gpu.ejected:
+                self.outlier.is_ejected(gpu.name)  # un-ejects (via the callback) when time is up
+            if gpu.healthy and gpu.healthy_since > gpu.last_seen_healthy:
+                self.slow_start.start(gpu.name)  # recovered: ramp its share up again
+                gpu.last_seen_healthy = gpu.healthy_since
+            gpu.share = self.slow_start.factor(gpu.name)
+            self.view.refresh(gpu)
+            self._hand_off(gpu)

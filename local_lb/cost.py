@@ -1,0 +1,69 @@
+"""The local tier's cost formulas: small pure functions, one idea each.
+
+Work is measured in *decode-token equivalents*: a generated token is 1, a
+prompt token that must be prefilled is ``PREFILL_WEIGHT`` (prefill runs in
+parallel over the prompt, ~20x cheaper per token than decoding one token),
+and a prompt token already in the GPU's prefix cache is free.
+"""
+
+from __future__ import annotations
+
+PREFILL_WEIGHT = 0.05
+# EWMA weight of a new service-rate observation.
+RATE_EWMA_ALPHA = 0.2
+# A GPU nobody has heard from lately is assumed this busy (fraction of its slots),
+# on top of what this tier itself has in flight there: stale is never idle.
+STALE_BUSY_FRACTION = 0.5
+
+
+def request_work(prompt_tokens: int, max_tokens: int, cached_tokens: int = 0) -> float:
+    """Work a request puts on a GPU, crediting the prompt tokens already cached there."""
+    uncached = max(0, prompt_tokens - cached_tokens)
+    return max_tokens + PREFILL_WEIGHT * uncached
+
+
+def outstanding_work(
+    own_inflight_work: float,
+    own_inflight_requests: int,
+    reported_requests: float | None,
+    slots: int,
+) -> float:
+    """Work ahead of a new request on a GPU.
+
+    This tier's own in-flight work is known exactly. The GPU's report
+    (running + waiting) also counts requests from other routers; those are
+    valued at the mean size of ours. ``reported_requests`` is None when the
+    report is stale or missing: then a conservative share of the slots is
+    assumed busy, never zero.
+    """
+    mean = own_inflight_work / own_inflight_requests if own_inflight_requests else 1.0
+    if reported_requests is None:
+        foreign = STALE_BUSY_FRACTION * slots
+    else:
+        foreign = max(0.0, reported_requests - own_inflight_requests)
+    return own_inflight_work + foreign * max(mean, 1.0)
+
+
+def expected_completion_s(work_ahead: float, work: float, rate: float, share: float = 1.0) -> float:
+    """When a request of ``work`` would finish behind ``work_ahead`` at ``rate`` work/s.
+
+    ``share`` (0..1] is the slow-start factor: a warming GPU is treated as
+    proportionally slower so it receives proportionally less.
+    """
+    return (work_ahead + work) / (rate * share)
+
+
+def ewma(previous: float, sample: float, alpha: float = RATE_EWMA_ALPHA) -> float:
+    return previous + alpha * (sample - previous)
+
+
+def rate_sample(work: float, elapsed_s: float, concurrent: int) -> float | None:
+    """A GPU's service rate seen by one finished request.
+
+    Under continuous batching a request advances at the GPU's rate divided by
+    the batch it shares, so the GPU's rate is its own rate times the number
+    of requests that were running beside it (including itself).
+    """
+    if elapsed_s <= 0 or work <= 0:
+        return None
+    return work / elapsed_s * max(1, concurrent)

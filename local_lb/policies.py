@@ -1,0 +1,48 @@
+"""Local-tier policies by name: a plain mapping from name to factory.
+
+A factory takes the tier's ``LocalView`` and an injected ``random.Random``
+and returns a fresh ``Picker`` (pickers may keep per-instance state, such as
+a round-robin index, so each tier builds its own).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Mapping
+
+from common.pick import Picker
+from local_lb.baselines import (
+    LeastConnectionsPicker,
+    LeastResponseTimePicker,
+    PowerOfTwoPicker,
+    RandomPicker,
+    RoundRobinPicker,
+    SglangCacheAwarePicker,
+    WeightedRoundRobinPicker,
+)
+from local_lb.picker import CompletionTimePicker
+from local_lb.state import LocalView
+
+PickerFactory = Callable[[LocalView, random.Random], Picker]
+
+DEFAULT_POLICY = "default"
+
+POLICIES: Mapping[str, PickerFactory] = {
+    DEFAULT_POLICY: lambda view, rng: CompletionTimePicker(view, rng=rng),
+    "round_robin": lambda view, rng: RoundRobinPicker(view),
+    "weighted_round_robin": lambda view, rng: WeightedRoundRobinPicker(view),
+    "random": lambda view, rng: RandomPicker(rng),
+    "least_connections": lambda view, rng: LeastConnectionsPicker(rng),
+    "power_of_two": lambda view, rng: PowerOfTwoPicker(rng),
+    "least_response_time": lambda view, rng: LeastResponseTimePicker(rng),
+    "sglang_cache_aware": lambda view, rng: SglangCacheAwarePicker(view, rng),
+}
+
+
+def make_picker(name: str, view: LocalView, rng: random.Random) -> Picker:
+    """The picker for policy ``name``; ValueError naming it and the known ones."""
+    factory = POLICIES.get(name)
+    if factory is None:
+        known = ", ".join(sorted(POLICIES))
+        raise ValueError(f"unknown local policy {name!r}; known policies: {known}")
+    return factory(view, rng)

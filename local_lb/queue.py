@@ -1,0 +1,414 @@
+"""CentralQueue: where a request waits when every GPU that serves its model is full.
+
+Late binding: the request side enqueues and awaits its ticket; the slot side
+calls ``offer`` synchronously when a GPU frees a slot (or becomes routable)::
+
+    ticket = queue.enqueue(model="m", tenant="t1", priority="standard",
+                           cost_tokens=120, deadline=now + 2.0)
+    gpu_name = await ticket.wait()      # QueueTimeout / QueueRejected; cancel to withdraw
+    handed = queue.offer("g3", frozenset({"m"}))   # True: a waiter took the slot
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import math
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import partial
+
+PRIORITIES: tuple[str, ...] = ("critical", "standard", "sheddable")
+_RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
+
+
+class QueueError(Exception):
+    """A request left the central queue without a slot."""
+
+
+class QueueTimeout(QueueError):
+    """The request's deadline passed before a GPU freed a slot for it."""
+
+
+class QueueRejected(QueueError):
+    """The request was shed to admit one of higher priority."""
+
+
+class QueueFull(QueueError):
+    """The queue is at ``max_entries`` and holds nothing of lower priority to shed."""
+
+
+@dataclass(eq=False)
+class QueuedRequest:
+    """One waiting request; ``enqueue`` returns it as the waiter's ticket.
+
+    ``deadline`` and ``enqueued_at`` are in the queue's clock. Await ``wait()``
+    once; cancelling the task that awaits it withdraws the request.
+    """
+
+    model: str
+    tenant: str
+    priority: str
+    cost_tokens: float
+    deadline: float | None
+    enqueued_at: float
+    future: asyncio.Future[str] = field(repr=False)
+    seq: int = field(default=0, repr=False)
+    settled: bool = field(default=False, init=False, repr=False)
+    _queue: CentralQueue | None = field(default=None, init=False, repr=False)
+    _lane: _Lane | None = field(default=None, init=False, repr=False)
+    _timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
+    _grant: tuple[str, frozenset[str]] | None = field(default=None, init=False, repr=False)
+
+    async def wait(self) -> str:
+        """The name of the GPU whose slot this request now holds.
+
+        Raises QueueTimeout at the deadline, QueueRejected when shed. If the
+        task is cancelled after a slot was granted but before it could resume,
+        the slot is offered to the next waiter or handed back via ``release``.
+        """
+        try:
+            gpu_name = await self.future
+        except asyncio.CancelledError:
+            if self._queue is not None:
+                self._queue._abandon(self)
+            raise
+        self._grant = None
+        return gpu_name
+
+
+class _Lane:
+    """A FIFO of entries; settled ones leave lazily at either end, or by compaction
+    once they outnumber the live ones (so a stuck head cannot pin unbounded garbage)."""
+
+    __slots__ = ("dead", "entries")
+
+    def __init__(self) -> None:
+        self.entries: deque[QueuedRequest] = deque()
+        self.dead = 0
+
+    def note_dead(self) -> None:
+        self.dead += 1
+        if self.dead > 16 and 2 * self.dead > len(self.entries):
+            self.entries = deque(e for e in self.entries if not e.settled)
+            self.dead = 0
+
+    def first(self) -> QueuedRequest | None:
+        while self.entries and self.entries[0].settled:
+            self.entries.popleft()
+            self.dead -= 1
+        return self.entries[0] if self.entries else None
+
+    def last(self) -> QueuedRequest | None:
+        while self.entries and self.entries[-1].settled:
+            self.entries.pop()
+            self.dead -= 1
+        return self.entries[-1] if self.entries else None
+
+
+class CentralQueue:
+    """The local tier's central queue: strict priority, then VTC fairness, then FIFO.
+
+    Algorithm. ``offer(gpu, models)`` takes the highest priority class holding
+    a live entry for one of ``models``. Inside it, each tenant has a virtual
+    token counter; the tenant with the least counter among those waiting for a
+    served model wins (ties: older head entry first), and its oldest such entry
+    gets the slot; its counter then grows by ``cost_tokens / weight``
+    (``set_weight``, default 1.0). A tenant that becomes backlogged is lifted to
+    the least counter of the tenants already backlogged in the class — or, when
+    none is, to the counter of the last tenant to leave — so idling banks no
+    credit. Counters are per priority class: classes are served strictly, so a
+    counter only ever competes within its class, and a tenant's critical traffic
+    does not cost it its share of standard capacity.
+
+    Admission. Beyond ``max_entries`` live entries, ``enqueue`` sheds the
+    newest entry of the lowest class strictly below the newcomer (sheddable
+    first) with QueueRejected("shed for higher priority"); if there is none it
+    raises QueueFull. An entry past its deadline never gets a slot: a loop
+    timer (``call_at``, cancelled on settle) fails it with QueueTimeout, and
+    ``offer`` also expires overdue entries it meets.
+
+    Cost. Entries sit in per-(class, model, tenant) FIFO lanes; each
+    (class, model) has a heap of tenants keyed by (counter, head seq). Keys
+    only grow, so a heap key may be stale-low and is re-keyed when it reaches
+    the top: ``offer`` is O(|models| log tenants) amortised, never a scan.
+
+    Caches: live counts per class and per (class, model), kept exact on every
+    settle, so ``len``, ``depth_by_priority`` and ``expected_wait_s`` are O(1);
+    settled entries linger in lanes until they reach an end or are compacted.
+
+    Failure modes. A waiter cancelled in the same loop turn as its grant cannot
+    take the slot: it is re-offered, else passed to ``release`` — the balancer
+    must free it there. Such a tenant stays charged for the lost grant. Counters
+    and weights are kept for every tenant ever seen (one float each).
+    """
+
+    def __init__(
+        self,
+        *,
+        release: Callable[[str], None],
+        max_entries: int = 10_000,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError(f"max_entries must be at least 1, got {max_entries}")
+        self.max_entries = max_entries
+        self._release = release
+        self._clock = clock
+        self._seq = itertools.count()
+        classes = range(len(PRIORITIES))
+        self._live = 0
+        self._live_by_class = [0 for _ in classes]
+        self._live_by_model: dict[tuple[int, str], int] = {}
+        self._by_class = [_Lane() for _ in classes]  # all entries of a class, oldest first
+        self._lanes: dict[tuple[int, str, str], _Lane] = {}  # (class, model, tenant)
+        self._heaps: dict[tuple[int, str], list[tuple[float, int, str]]] = {}
+        self._counters: list[dict[str, float]] = [{} for _ in classes]
+        self._backlog: list[dict[str, int]] = [{} for _ in classes]  # live entries per tenant
+        self._min_heaps: list[list[tuple[float, str]]] = [[] for _ in classes]
+        self._in_min_heap: list[set[str]] = [set() for _ in classes]
+        self._last_left = [0.0 for _ in classes]
+        self._weights: dict[str, float] = {}
+
+    def enqueue(
+        self,
+        *,
+        model: str,
+        tenant: str,
+        priority: str,
+        cost_tokens: float,
+        deadline: float | None = None,
+    ) -> QueuedRequest:
+        """Admit a request and return its ticket; raises QueueFull (see class doc)."""
+        rank = _RANK.get(priority)
+        if rank is None:
+            raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
+        if not cost_tokens >= 1 or math.isinf(cost_tokens):
+            raise ValueError(f"cost_tokens must be finite and at least 1, got {cost_tokens}")
+        loop = asyncio.get_running_loop()
+        now = self._clock()
+        entry = QueuedRequest(
+            model, tenant, priority, float(cost_tokens), deadline, now, loop.create_future()
+        )
+        entry.seq = next(self._seq)
+        if deadline is not None and deadline <= now:
+            entry.settled = True
+            entry.future.set_exception(QueueTimeout("deadline passed before queueing"))
+            return entry
+        if self._live >= self.max_entries:
+            self._make_room(rank, now)
+        self._admit(entry, rank, loop, now)
+        return entry
+
+    def set_weight(self, tenant: str, weight: float) -> None:
+        """A tenant's share relative to others (default 1.0); applies from the next grant."""
+        if not weight > 0 or math.isinf(weight):
+            raise ValueError(f"weight for tenant {tenant!r} must be positive, got {weight}")
+        self._weights[tenant] = weight
+
+    def offer(self, gpu_name: str, models: frozenset[str]) -> bool:
+        """Hand one free slot of ``gpu_name`` to a waiter; False if none can use it."""
+        now = self._clock()
+        for rank in range(len(PRIORITIES)):
+            if not self._live_by_class[rank]:
+                continue
+            best: tuple[float, int, str, str] | None = None
+            for model in models:
+                top = self._top(rank, model, now)
+                if top is not None and (best is None or top < best):
+                    best = top
+            if best is None:
+                continue
+            _, _, model, tenant = best
+            entry = self._lanes[(rank, model, tenant)].first()
+            assert entry is not None  # _top just returned it as the live head
+            entry.future.set_result(gpu_name)
+            entry._grant = (gpu_name, models)
+            self._settle(entry, charge=True)
+            return True
+        return False
+
+    def __len__(self) -> int:
+        return self._live
+
+    def depth_by_priority(self) -> dict[str, int]:
+        return {name: self._live_by_class[rank] for rank, name in enumerate(PRIORITIES)}
+
+    def depth_for_model(self, model: str) -> int:
+        """Live entries waiting for ``model``, all priorities."""
+        return sum(self._live_by_model.get((r, model), 0) for r in range(len(PRIORITIES)))
+
+    def oldest_wait_s(self, now: float) -> float:
+        """How long the oldest waiting entry has waited (0.0 when nothing waits)."""
+        oldest = [e.enqueued_at for lane in self._by_class if (e := self._live_first(lane))]
+        return max(0.0, now - min(oldest)) if oldest else 0.0
+
+    def expected_wait_s(self, priority: str, model: str, drain_rate_rps: float) -> float:
+        """Entries a new ``priority`` request for ``model`` would queue behind, over the
+        rate at which that model's slots free up. Counts live entries of the same
+        model at the same or higher priority; VTC may let the newcomer's tenant
+        overtake some of its own class, so this is an upper-leaning estimate."""
+        ahead = sum(self._live_by_model.get((r, model), 0) for r in range(_RANK[priority] + 1))
+        if ahead == 0:
+            return 0.0
+        return ahead / drain_rate_rps if drain_rate_rps > 0 else math.inf
+
+    def _admit(
+        self, entry: QueuedRequest, rank: int, loop: asyncio.AbstractEventLoop, now: float
+    ) -> None:
+        tenant = entry.tenant
+        backlog = self._backlog[rank]
+        if tenant not in backlog:
+            self._join(rank, tenant)
+        backlog[tenant] = backlog.get(tenant, 0) + 1
+        key = (rank, entry.model, tenant)
+        lane = self._lanes.get(key)
+        if lane is None:  # a lane exists exactly while its tenant has an item in the heap
+            lane = self._lanes[key] = _Lane()
+            heap = self._heaps.setdefault((rank, entry.model), [])
+            heapq.heappush(heap, (self._counters[rank][tenant], entry.seq, tenant))
+        lane.entries.append(entry)
+        self._by_class[rank].entries.append(entry)
+        entry._lane, entry._queue = lane, self
+        self._live += 1
+        self._live_by_class[rank] += 1
+        mkey = (rank, entry.model)
+        self._live_by_model[mkey] = self._live_by_model.get(mkey, 0) + 1
+        entry.future.add_done_callback(partial(self._on_done, entry))
+        if entry.deadline is not None:
+            when = loop.time() + (entry.deadline - now)
+            entry._timer = loop.call_at(when, self._expire, entry)
+
+    def _join(self, rank: int, tenant: str) -> None:
+        """VTC lift: a newly backlogged tenant starts no lower than the backlogged minimum."""
+        counters = self._counters[rank]
+        floor = self._min_backlogged(rank)
+        if floor is None:
+            floor = self._last_left[rank]
+        counters[tenant] = max(counters.get(tenant, 0.0), floor)
+        if tenant not in self._in_min_heap[rank]:
+            self._in_min_heap[rank].add(tenant)
+            heapq.heappush(self._min_heaps[rank], (counters[tenant], tenant))
+
+    def _min_backlogged(self, rank: int) -> float | None:
+        heap, counters, backlog = self._min_heaps[rank], self._counters[rank], self._backlog[rank]
+        while heap:
+            counter, tenant = heap[0]
+            if tenant not in backlog:
+                heapq.heappop(heap)
+                self._in_min_heap[rank].discard(tenant)
+            elif counter != counters[tenant]:
+                heapq.heapreplace(heap, (counters[tenant], tenant))
+            else:
+                return counter
+        return None
+
+    def _top(self, rank: int, model: str, now: float) -> tuple[float, int, str, str] | None:
+        """The (counter, head seq, model, tenant) of the tenant due next for ``model``."""
+        heap = self._heaps.get((rank, model))
+        if heap is None:
+            return None
+        counters = self._counters[rank]
+        while heap:
+            counter, seq, tenant = heap[0]
+            head = self._usable_first(self._lanes[(rank, model, tenant)], now)
+            if head is None:
+                heapq.heappop(heap)
+                del self._lanes[(rank, model, tenant)]
+            elif (counter, seq) != (counters[tenant], head.seq):
+                heapq.heapreplace(heap, (counters[tenant], head.seq, tenant))
+            else:
+                return counter, seq, model, tenant
+        del self._heaps[(rank, model)]
+        return None
+
+    def _can_take(self, entry: QueuedRequest, now: float) -> bool:
+        """True if ``entry`` may still get a slot; otherwise settle it (expire if overdue)."""
+        if entry.future.done():  # cancelled; its done callback has not run yet
+            self._settle(entry, charge=False)
+        elif entry.deadline is not None and entry.deadline <= now:
+            self._expire(entry)
+        else:
+            return True
+        return False
+
+    def _usable_first(self, lane: _Lane, now: float) -> QueuedRequest | None:
+        while (entry := lane.first()) is not None:
+            if self._can_take(entry, now):
+                return entry
+        return None
+
+    def _live_first(self, lane: _Lane) -> QueuedRequest | None:
+        while (entry := lane.first()) is not None and entry.future.done():
+            self._settle(entry, charge=False)
+        return entry
+
+    def _make_room(self, rank: int, now: float) -> None:
+        """Free one place: settle dead or overdue entries, else shed the newest lowest."""
+        for lower in range(len(PRIORITIES) - 1, rank, -1):
+            lane = self._by_class[lower]
+            while self._live >= self.max_entries and (victim := lane.last()) is not None:
+                if self._can_take(victim, now):
+                    victim.future.set_exception(QueueRejected("shed for higher priority"))
+                    self._settle(victim, charge=False)
+            if self._live < self.max_entries:
+                return
+        raise QueueFull(
+            f"central queue holds {self._live} entries (max_entries={self.max_entries}) "
+            f"and none of lower priority than {PRIORITIES[rank]!r} to shed"
+        )
+
+    def _expire(self, entry: QueuedRequest) -> None:
+        if entry.settled:
+            return
+        if not entry.future.done():
+            waited = self._clock() - entry.enqueued_at
+            entry.future.set_exception(
+                QueueTimeout(f"deadline passed after {waited:.3f}s waiting for a slot")
+            )
+        self._settle(entry, charge=False)
+
+    def _on_done(self, entry: QueuedRequest, future: asyncio.Future[str]) -> None:
+        if future.cancelled():
+            self._settle(entry, charge=False)
+
+    def _abandon(self, entry: QueuedRequest) -> None:
+        """The waiter was cancelled: drop its entry, and pass on a slot it never took."""
+        self._settle(entry, charge=False)
+        if entry._grant is not None:
+            gpu_name, models = entry._grant
+            entry._grant = None
+            if not self.offer(gpu_name, models):
+                self._release(gpu_name)
+
+    def _settle(self, entry: QueuedRequest, *, charge: bool) -> None:
+        """Take a granted, failed or cancelled entry out of every live count, once."""
+        if entry.settled:
+            return
+        entry.settled = True
+        if entry._timer is not None:
+            entry._timer.cancel()
+            entry._timer = None
+        rank, tenant = _RANK[entry.priority], entry.tenant
+        self._live -= 1
+        self._live_by_class[rank] -= 1
+        mkey = (rank, entry.model)
+        if self._live_by_model[mkey] == 1:
+            del self._live_by_model[mkey]
+        else:
+            self._live_by_model[mkey] -= 1
+        counters = self._counters[rank]
+        if charge:
+            counters[tenant] += entry.cost_tokens / self._weights.get(tenant, 1.0)
+        backlog = self._backlog[rank]
+        if backlog[tenant] == 1:
+            del backlog[tenant]
+            self._last_left[rank] = counters[tenant]
+        else:
+            backlog[tenant] -= 1
+        if entry._lane is not None:
+            entry._lane.note_dead()
+        self._by_class[rank].note_dead()

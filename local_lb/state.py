@@ -1,0 +1,211 @@
+"""The local tier's view of its GPUs: per-GPU state, free-slot pools, prefix index.
+
+Everything a picker reads lives here, kept up to date incrementally so a
+pick never scans the fleet: ``FreePool`` holds, per model, the GPUs that are
+routable and have a free slot (O(1) add, remove and random sample), and
+``PrefixIndex`` maps recently routed prompt blocks to the GPUs that got them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import OrderedDict
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from common.children import Child
+from local_lb.load import LoadBook
+
+
+@dataclass(eq=False)
+class GpuChild(Child):
+    """One GPU as the local tier sees it."""
+
+    hardware: str = "A100"
+    slots: int = 16
+    # Versions served per model (empty: any version).
+    versions: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # Service rate in work units per second (decode-token equivalents), learned online.
+    rate: float = 1.0
+    latency_ewma_s: float = 0.0
+    # Routable: healthy, not ejected, not drained.
+    routable: bool = True
+    ejected: bool = False
+    weight: float = 1.0
+    share: float = 1.0  # slow-start factor, refreshed by the balancer
+
+    # healthy_since of the recovery slow start was last started for.
+    last_seen_healthy: float = 0.0
+
+    @property
+    def free_slots(self) -> int:
+        return self.slots - self.outstanding_requests
+
+    def serves(self, model: str, version: str = "") -> bool:
+        if model not in self.models:
+            return False
+        known = self.versions.get(model)
+        return not version or not known or version in known
+
+
+class FreePool(Sequence[GpuChild]):
+    """An indexable set of GPUs (swap-remove): O(1) membership changes and sampling."""
+
+    def __init__(self) -> None:
+        self._items: list[GpuChild] = []
+        self._index: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i: int) -> GpuChild:  # type: ignore[override]
+        return self._items[i]
+
+    def __iter__(self) -> Iterator[GpuChild]:
+        return iter(self._items)
+
+    def __contains__(self, gpu: object) -> bool:
+        return isinstance(gpu, GpuChild) and gpu.name in self._index
+
+    def add(self, gpu: GpuChild) -> None:
+        if gpu.name not in self._index:
+            self._index[gpu.name] = len(self._items)
+            self._items.append(gpu)
+
+    def discard(self, gpu: GpuChild) -> None:
+        i = self._index.pop(gpu.name, None)
+        if i is None:
+            return
+        last = self._items.pop()
+        if i < len(self._items):
+            self._items[i] = last
+            self._index[last.name] = i
+
+    @classmethod
+    def of(cls, gpus: Sequence[Child]) -> FreePool:
+        pool = cls()
+        for gpu in gpus:
+            if isinstance(gpu, GpuChild):
+                pool.add(gpu)
+        return pool
+
+    def sample(self, k: int, rng: random.Random) -> list[GpuChild]:
+        n = len(self._items)
+        if n <= k:
+            return list(self._items)
+        return [self._items[i] for i in rng.sample(range(n), k)]
+
+
+class PrefixIndex:
+    """Which GPUs were recently sent which prompt blocks (bounded, approximate).
+
+    An LRU over block hashes, each remembering up to ``holders_per_block``
+    GPUs, newest first. It approximates the GPUs' prefix caches without
+    asking them: a block routed to a GPU is likely still cached there while it
+    is recent. Bounded by ``capacity_blocks``; the oldest blocks fall out.
+    """
+
+    def __init__(self, capacity_blocks: int = 200_000, holders_per_block: int = 4) -> None:
+        self.capacity_blocks = capacity_blocks
+        self.holders_per_block = holders_per_block
+        self._blocks: OrderedDict[int, list[str]] = OrderedDict()
+        self.blocks_per_gpu: dict[str, int] = {}
+
+    def __len__(self) -> int:
+        return len(self._blocks)
+
+    def record(self, hashes: Sequence[int], gpu: str) -> None:
+        """``gpu`` was sent a prompt with these blocks: it now likely caches them."""
+        for h in hashes:
+            holders = self._blocks.get(h)
+            if holders is None:
+                holders = self._blocks[h] = []
+            else:
+                self._blocks.move_to_end(h)
+            if gpu in holders:
+                holders.remove(gpu)
+            else:
+                self.blocks_per_gpu[gpu] = self.blocks_per_gpu.get(gpu, 0) + 1
+            holders.insert(0, gpu)
+            if len(holders) > self.holders_per_block:
+                dropped = holders.pop()
+                self.blocks_per_gpu[dropped] -= 1
+        while len(self._blocks) > self.capacity_blocks:
+            _, holders = self._blocks.popitem(last=False)
+            for name in holders:
+                self.blocks_per_gpu[name] -= 1
+
+    def matches(self, hashes: Sequence[int], limit: int = 4) -> dict[str, int]:
+        """GPUs holding a prefix of ``hashes`` and how many leading blocks each holds.
+
+        Walks from the deepest block up; chained hashes mean a GPU that holds
+        block i was sent blocks 0..i too. At most ``limit`` GPUs.
+        """
+        found: dict[str, int] = {}
+        for depth in range(len(hashes), 0, -1):
+            holders = self._blocks.get(hashes[depth - 1])
+            if not holders:
+                continue
+            for name in holders:
+                if name not in found:
+                    found[name] = depth
+                    if len(found) >= limit:
+                        return found
+        return found
+
+    def forget(self, gpu: str) -> None:
+        """A GPU left (or restarted with an empty cache): drop it everywhere, lazily cheap."""
+        for h in list(self._blocks):
+            holders = self._blocks[h]
+            if gpu in holders:
+                holders.remove(gpu)
+        self.blocks_per_gpu.pop(gpu, None)
+
+
+@dataclass
+class LocalView:
+    """The snapshot local pickers read: GPUs, free pools per model, prefix index,
+    and the newest load report of each GPU."""
+
+    gpus: tuple[GpuChild, ...]
+    prefix: PrefixIndex = field(default_factory=PrefixIndex)
+    # Each GPU's own reports (metrics scrapes, response trailers).
+    load: LoadBook = field(default_factory=LoadBook)
+    # A GPU's own load report older than this is unknown.
+    report_max_age_s: float = 2.0
+    inflight_total: int = 0
+
+    def __post_init__(self) -> None:
+        self.by_name = {g.name: g for g in self.gpus}
+        self.by_model: dict[str, tuple[GpuChild, ...]] = {}
+        for gpu in self.gpus:
+            for model in gpu.models:
+                self.by_model[model] = (*self.by_model.get(model, ()), gpu)
+        self.free: dict[str, FreePool] = {m: FreePool() for m in self.by_model}
+        self._serving: dict[tuple[str, str], tuple[GpuChild, ...]] = {}
+        for gpu in self.gpus:
+            self.refresh(gpu)
+
+    def refresh(self, gpu: GpuChild) -> None:
+        """Put ``gpu`` in or out of its models' free pools after any state change."""
+        available = gpu.routable and gpu.healthy and not gpu.ejected and gpu.free_slots > 0
+        for model in gpu.models:
+            if available:
+                self.free[model].add(gpu)
+            else:
+                self.free[model].discard(gpu)
+
+    def reported_requests(self, gpu: GpuChild, now: float) -> float | None:
+        """Running + waiting as the GPU last reported, or None when stale or missing."""
+        sample = self.load.get(gpu.name, now, self.report_max_age_s)
+        return None if sample is None else sample.running + sample.waiting
+
+    def serving(self, model: str, version: str = "") -> tuple[GpuChild, ...]:
+        """GPUs serving ``model`` (at ``version``); cached, the GPU set is fixed."""
+        key = (model, version)
+        gpus = self._serving.get(key)
+        if gpus is None:
+            gpus = tuple(g for g in self.by_model.get(model, ()) if g.serves(model, version))
+            if len(self._serving) < 10_000:  # versions come from requests: bound the cache
+                self._serving[key] = gpus
+        return gpus

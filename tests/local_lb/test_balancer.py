@@ -1,0 +1,194 @@
+"""LocalBalancer: slots, late binding, shedding, ejection and slow start timelines."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import grpc
+import pytest
+
+from common.balancer import Outcome
+from common.children import ChildSet
+from common.config import Endpoint
+from common.errors import RETRY_AFTER_MS, RouteError
+from common.pick import PickRequest
+from common.resilience import SlowStartConfig
+from local_lb.balancer import LocalBalancer
+from local_lb.picker import CompletionTimePicker
+from local_lb.state import GpuChild, LocalView
+
+M = "m"
+OK = grpc.StatusCode.OK
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def make(
+    n: int = 2,
+    slots: int = 1,
+    *,
+    clock: Clock | None = None,
+    versions: dict[str, frozenset[str]] | None = None,
+) -> LocalBalancer:
+    clock = clock or Clock()
+    gpus = tuple(
+        GpuChild(
+            name=f"g{i}",
+            endpoint=Endpoint("127.0.0.1", 1),
+            models=frozenset({M}),
+            slots=slots,
+            rate=2000.0,
+            versions=versions or {},
+        )
+        for i in range(n)
+    )
+    view = LocalView(gpus)
+    children = ChildSet(
+        gpus, probe_interval_s=1, summary_ttl_s=3, kind="GPU", probe=False, clock=clock
+    )
+    return LocalBalancer(
+        view=view,
+        picker=CompletionTimePicker(view, rng=random.Random(1)),
+        children=children,
+        slow_start_config=SlowStartConfig(window_s=30.0),
+        clock=clock,
+    )
+
+
+def pick(priority: str = "standard", tenant: str = "t", version: str = "") -> PickRequest:
+    return PickRequest(M, version, None, None, priority, 10, 20, tenant=tenant)
+
+
+def ok(elapsed: float = 0.1) -> Outcome:
+    return Outcome(OK, elapsed)
+
+
+async def test_reserves_distinct_gpus_until_full() -> None:
+    bal = make(n=2, slots=1)
+    a = await bal.acquire(pick(), (), None)
+    b = await bal.acquire(pick(), (), None)
+    assert {a.child.name, b.child.name} == {"g0", "g1"}
+    assert len(bal.view.free[M]) == 0
+
+
+async def test_late_binding_to_the_first_gpu_that_frees_a_slot() -> None:
+    bal = make(n=2, slots=1)
+    first = await bal.acquire(pick(), (), None)
+    await bal.acquire(pick(), (), None)
+    waiter = asyncio.create_task(bal.acquire(pick(), (), 5.0))
+    await asyncio.sleep(0)
+    assert not waiter.done() and len(bal.queue) == 1
+    bal.release(first, ok())
+    lease = await asyncio.wait_for(waiter, 1)
+    assert lease.child is first.child
+    assert first.child.outstanding_requests == 1  # the slot passed straight to the waiter
+
+
+async def test_queue_serves_critical_before_standard() -> None:
+    bal = make(n=1, slots=1)
+    held = await bal.acquire(pick(), (), None)
+    standard = asyncio.create_task(bal.acquire(pick("standard"), (), 5.0))
+    await asyncio.sleep(0)
+    critical = asyncio.create_task(bal.acquire(pick("critical"), (), 5.0))
+    await asyncio.sleep(0)
+    bal.release(held, ok())
+    await asyncio.wait_for(critical, 1)
+    assert not standard.done()
+    standard.cancel()
+
+
+async def test_sheds_with_retry_after_when_the_wait_exceeds_the_deadline() -> None:
+    bal = make(n=1, slots=1)
+    await bal.acquire(pick(), (), None)
+    waiters = [asyncio.create_task(bal.acquire(pick(), (), 60.0)) for _ in range(5)]
+    await asyncio.sleep(0)
+    with pytest.raises(RouteError) as err:
+        await bal.acquire(pick(), (), 0.01)
+    assert err.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
+    retry = dict(err.value.trailers)[RETRY_AFTER_MS]
+    assert int(retry) > 10
+    assert "expected queue wait" in err.value.message
+    assert len(bal.queue) == 5  # the shed request was never queued
+    for w in waiters:
+        w.cancel()
+
+
+async def test_deadline_spent_in_the_queue() -> None:
+    bal = make(n=1, slots=1)
+    await bal.acquire(pick(), (), None)
+    with pytest.raises(RouteError) as err:
+        await bal.acquire(pick(), (), 0.05)
+    assert err.value.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert len(bal.queue) == 0
+
+
+async def test_cancelled_waiter_leaks_no_slot() -> None:
+    bal = make(n=1, slots=1)
+    held = await bal.acquire(pick(), (), None)
+    waiter = asyncio.create_task(bal.acquire(pick(), (), 5.0))
+    await asyncio.sleep(0)
+    waiter.cancel()
+    bal.release(held, ok())
+    await asyncio.sleep(0)
+    gpu = bal.view.by_name["g0"]
+    assert gpu.outstanding_requests == 0 and gpu in bal.view.free[M]
+
+
+async def test_unknown_version_is_not_found() -> None:
+    bal = make(versions={M: frozenset({"1", "2"})})
+    with pytest.raises(RouteError) as err:
+        await bal.acquire(pick(version="7"), (), None)
+    assert err.value.code == grpc.StatusCode.NOT_FOUND
+    assert (await bal.acquire(pick(version="2"), (), None)).child.name in {"g0", "g1"}
+
+
+async def test_no_healthy_gpu_is_unavailable() -> None:
+    bal = make(n=2)
+    for gpu in bal.view.gpus:
+        bal.children.mark_failed(gpu, "probe failed")
+    with pytest.raises(RouteError) as err:
+        await bal.acquire(pick(), (), None)
+    assert err.value.code == grpc.StatusCode.UNAVAILABLE
+    assert "probe failed" in err.value.message
+
+
+async def test_ejection_after_five_failures_then_return_with_slow_start() -> None:
+    clock = Clock()
+    bal = make(n=20, slots=4, clock=clock)
+    bad = bal.view.by_name["g0"]
+    for i in range(5):
+        lease = await bal.acquire(pick(), [g.name for g in bal.view.gpus if g is not bad], None)
+        assert lease.child is bad
+        bal.release(lease, Outcome(grpc.StatusCode.INTERNAL, 0.01, detail=f"boom {i}"))
+    assert bad.ejected and bad not in bal.view.free[M]
+    clock.now += 29.0
+    bal.refresh_all()
+    assert bad.ejected
+    clock.now += 1.5  # 30 s ejection over
+    bal.refresh_all()
+    assert not bad.ejected and bad in bal.view.free[M]
+    assert bad.share == pytest.approx(0.1, abs=0.02)  # slow start from the 10% floor
+    clock.now += 15.0
+    bal.refresh_all()
+    assert bad.share == pytest.approx(0.5, abs=0.02)
+    clock.now += 16.0
+    bal.refresh_all()
+    assert bad.share == 1.0
+
+
+async def test_learns_the_service_rate_from_finished_requests() -> None:
+    bal = make(n=1, slots=4)
+    gpu = bal.view.by_name["g0"]
+    before = gpu.rate
+    for _ in range(20):
+        lease = await bal.acquire(pick(), (), None)
+        bal.release(lease, ok(elapsed=lease.work / 500.0))  # a GPU doing 500 work/s alone
+    assert gpu.rate < before
+    assert gpu.rate == pytest.approx(500.0, rel=0.1)

@@ -1,0 +1,62 @@
+"""The local tier's formulas, one case per test."""
+
+import pytest
+
+from local_lb.cost import (
+    PREFILL_WEIGHT,
+    STALE_BUSY_FRACTION,
+    ewma,
+    expected_completion_s,
+    outstanding_work,
+    rate_sample,
+    request_work,
+)
+
+
+def test_request_work_counts_decode_and_cheap_prefill() -> None:
+    assert request_work(100, 10) == pytest.approx(10 + PREFILL_WEIGHT * 100)
+
+
+def test_cached_prompt_tokens_are_free() -> None:
+    assert request_work(100, 10, cached_tokens=64) == pytest.approx(10 + PREFILL_WEIGHT * 36)
+    assert request_work(100, 10, cached_tokens=500) == 10
+
+
+def test_outstanding_work_is_own_work_when_report_agrees() -> None:
+    assert outstanding_work(300, 3, reported_requests=3, slots=16) == 300
+
+
+def test_foreign_requests_valued_at_our_mean_size() -> None:
+    # 5 reported, 2 of them ours (mean 100): 3 foreign requests ~ 300 more.
+    assert outstanding_work(200, 2, reported_requests=5, slots=16) == 500
+
+
+def test_stale_report_is_never_idle() -> None:
+    stale = outstanding_work(0, 0, reported_requests=None, slots=16)
+    fresh_idle = outstanding_work(0, 0, reported_requests=0, slots=16)
+    assert fresh_idle == 0
+    assert stale == STALE_BUSY_FRACTION * 16 > fresh_idle
+
+
+def test_faster_gpu_finishes_sooner() -> None:
+    assert expected_completion_s(100, 50, rate=2000) < expected_completion_s(100, 50, rate=1000)
+
+
+def test_slow_start_share_makes_a_gpu_look_slower() -> None:
+    full = expected_completion_s(0, 100, rate=1000, share=1.0)
+    warming = expected_completion_s(0, 100, rate=1000, share=0.1)
+    assert warming == pytest.approx(10 * full)
+
+
+def test_rate_sample_scales_by_batch() -> None:
+    # 100 work in 0.5 s while sharing the GPU with 3 others: the GPU does 800 work/s.
+    assert rate_sample(100, 0.5, 4) == pytest.approx(800)
+
+
+@pytest.mark.parametrize(("work", "elapsed"), [(0, 1.0), (10, 0.0)])
+def test_rate_sample_ignores_degenerate_observations(work: float, elapsed: float) -> None:
+    assert rate_sample(work, elapsed, 1) is None
+
+
+def test_ewma_moves_a_fifth_of_the_way() -> None:
+    assert ewma(100, 200) == pytest.approx(120)
