@@ -46,11 +46,11 @@ def small_fleet_spec(regions: int = 2, zones: int = 2, gpus: int = 1) -> dict[st
     return copy.deepcopy(spec)
 
 
-def start_fleet(tmp: Path, spec: dict[str, Any]) -> Fleet:
+def start_fleet(tmp: Path, spec: dict[str, Any], policy: str = "default") -> Fleet:
     tmp.mkdir(parents=True, exist_ok=True)
     path = tmp / "fleet.yaml"
     path.write_text(yaml.safe_dump(spec))
-    fleet = Fleet(path, tmp / "run")
+    fleet = Fleet(path, tmp / "run", policy=policy)
     fleet.start(timeout_s=90)
     return fleet
 
@@ -66,12 +66,12 @@ def demo_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 @pytest.fixture
-def fleet_factory(tmp_path: Path) -> Iterator[Callable[[dict[str, Any]], Fleet]]:
+def fleet_factory(tmp_path: Path) -> Iterator[Callable[..., Fleet]]:
     """Start fleets a test may break; every one is stopped when the test ends."""
     fleets: list[Fleet] = []
 
-    def make(spec: dict[str, Any]) -> Fleet:
-        fleet = start_fleet(tmp_path / f"fleet{len(fleets)}", spec)
+    def make(spec: dict[str, Any], policy: str = "default") -> Fleet:
+        fleet = start_fleet(tmp_path / f"fleet{len(fleets)}", spec, policy)
         fleets.append(fleet)
         return fleet
 
