@@ -28,7 +28,7 @@ lint: $(STAMP)
 	$(VENV)/bin/mypy
 
 bench: $(STAMP)
-	$(PY) -m bench.run_all
+	$(PY) -m bench.pick_time
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -5,15 +5,16 @@ an embedded Redis, the emulated GPUs of each zone (one process per zone),
 a local tier per zone, a regional tier per region and the global tier, each
 its own process so that killing one is a real failure. Port 0 in the fleet
 file is resolved to a free loopback port first, and the resolved topology is
-written beside the logs for every process to read. Children are asked to die
-with the launcher (PR_SET_PDEATHSIG), so even a killed launcher leaves no
-process behind.
+written beside the logs for every process to read. Each child asks the kernel
+to end it when the launcher dies (PR_SET_PDEATHSIG, set by the child at start),
+so even a killed launcher leaves no process behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 import signal
 import subprocess
 import sys
@@ -35,9 +36,22 @@ DEMO_FLEET = Path(__file__).resolve().parent.parent / "deploy" / "demo-fleet.yam
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+PARENT_PID_ENV = "MERIDIAN_PARENT_PID"
+
+
+def die_with_parent() -> None:
+    """In a launched process: ask the kernel for SIGTERM when the launcher dies.
+
+    Called by the child itself at start-up (``preexec_fn`` would run Python
+    between fork and exec, which can deadlock a launcher that has threads).
+    """
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent:
+        return
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(parent):  # the launcher died before we could ask
+        raise SystemExit(1)
 
 
 def resolve_ports(raw: dict[str, Any]) -> dict[str, Any]:
@@ -78,7 +92,7 @@ class TierProcess:
             stdout=self.log_file,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            preexec_fn=_die_with_parent,
+            env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
         )
 
     def alive(self) -> bool:

@@ -51,8 +51,10 @@ async def shared_prefix_load(address: str) -> list[float]:
         async def client() -> None:
             while not queue.empty():
                 i = queue.get_nowait()
-                prompt = rng.choice(systems) + f" user {i} " + " ".join(
-                    rng.choice("abcdefgh") for _ in range(8)
+                prompt = (
+                    rng.choice(systems)
+                    + f" user {i} "
+                    + " ".join(rng.choice("abcdefgh") for _ in range(8))
                 )
                 start = time.perf_counter()
                 await stub.ModelInfer(generate_request("demo-llm", prompt, 8), timeout=60)
@@ -80,8 +82,10 @@ def test_default_policy_hits_the_prefix_cache_more_than_least_connections(
 ) -> None:
     default_hit, default_p50 = run(fleet_factory, "default")
     baseline_hit, baseline_p50 = run(fleet_factory, "least_connections")
-    print(f"hit rate default {default_hit:.2f} vs least_connections {baseline_hit:.2f}; "
-          f"p50 {1000 * default_p50:.1f} ms vs {1000 * baseline_p50:.1f} ms")
+    print(
+        f"hit rate default {default_hit:.2f} vs least_connections {baseline_hit:.2f}; "
+        f"p50 {1000 * default_p50:.1f} ms vs {1000 * baseline_p50:.1f} ms"
+    )
     assert default_hit > baseline_hit + 0.05
     # Latency no worse (a margin for a noisy 2-core machine).
     assert default_p50 <= 1.15 * baseline_p50
