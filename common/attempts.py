@@ -7,6 +7,7 @@ from typing import Any
 
 import grpc
 
+from common.capacity import CAPACITY_HINT
 from common.errors import RETRY_AFTER_MS, RouteError
 from common.routing import ROUTE, trailer
 
@@ -49,14 +50,19 @@ def _retry_after(trailers: Any) -> int | None:
 def passable(trailers: Any) -> tuple[tuple[str, str], ...]:
     """Trailers of a child's error worth passing up (e.g. retry-after-ms)."""
     return tuple(
-        (k, v) for k, v in trailers or () if isinstance(v, str) and not k.startswith("grpc-")
+        (k, v)
+        for k, v in trailers or ()
+        if isinstance(v, str) and not k.startswith("grpc-") and k != CAPACITY_HINT
     )
 
 
-def with_route(trailers: Any, route: str) -> tuple[tuple[str, str], ...]:
+def with_route(trailers: Any, route: str, hint: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The child's trailers as this tier passes them up: its route prefixed, and its own
+    capacity hint in place of the child's."""
     kept = tuple(
         (k, v)
         for k, v in trailers or ()
-        if k != ROUTE and isinstance(v, str) and not k.startswith("grpc-")
+        if k not in (ROUTE, CAPACITY_HINT) and isinstance(v, str) and not k.startswith("grpc-")
     )
-    return (*kept, (ROUTE, route))
+    own = ((CAPACITY_HINT, hint),) if hint else ()
+    return (*kept, (ROUTE, route), *own)

@@ -15,9 +15,11 @@ from typing import Any, Protocol
 
 import grpc
 
+from common.capacity import CAPACITY_HINT, decode_hint
 from common.children import Child, ChildSet
 from common.errors import RouteError
 from common.pick import Picker, PickRequest
+from common.routing import trailer
 
 # Status codes that say the child itself is broken or unreachable.
 CHILD_FAULT_CODES = frozenset(
@@ -92,5 +94,9 @@ class RankingBalancer:
     def release(self, lease: Lease, outcome: Outcome) -> None:
         lease.child.outstanding_requests -= 1
         lease.child.outstanding_work -= lease.work
-        if outcome.child_fault:
+        hint = decode_hint(trailer(outcome.trailers, CAPACITY_HINT), lease.extra.get("model", ""))
+        if outcome.child_fault and hint is None:
+            # No hint: the child itself did not answer (a tier that answers with a
+            # hint is up, and the hint says what it lacks).
             self.children.mark_failed(lease.child, f"{outcome.code.name}: {outcome.detail}")
+        self.children.take_hint(lease.child, hint)

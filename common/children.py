@@ -1,7 +1,8 @@
 """A tier's view of its children: channels, direct health evidence, load, summaries.
 
 Every tier routes over a ``ChildSet``. It owns one gRPC channel per child,
-probes each child's ServerReady on an interval, and takes capacity summaries
+follows each child's grpc.health.v1 Watch (re-probing ServerReady while a
+child is down), and takes capacity summaries
 from the Redis reader. Pickers read ``Child`` state; only this module and the
 proxy core write it.
 """
@@ -16,13 +17,15 @@ from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.capacity import combine_replicas, significant_change
 from common.config import Endpoint
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
 from common.geo import GeoPoint
-from common.grpc_server import CHANNEL_OPTIONS
+from common.grpc_server import CHANNEL_OPTIONS, V2_SERVICE
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +43,25 @@ class Child:
     speed: float = 1.0
     # Direct evidence: the last probe or forward succeeded.
     healthy: bool = True
-    healthy_since: float = 0.0
+    # When direct evidence last turned healthy (-inf: healthy from the start).
+    healthy_since: float = float("-inf")
     last_error: str = ""
     # Load this tier put on the child and has not seen finish.
     outstanding_requests: int = 0
     outstanding_work: float = 0.0
-    # Newest capacity summary and when it arrived (this tier's monotonic clock).
+    # outstanding_requests when the newest capacity report arrived: what was sent
+    # since then is not in the report yet.
+    outstanding_at_report: int = 0
+    # Newest capacity summary (replicas combined) and when it arrived (this tier's
+    # monotonic clock); the newest summary of each publishing replica.
     summary: capacity_pb2.CapacitySummary | None = None
     summary_received_at: float = 0.0
+    replicas: dict[str, tuple[capacity_pb2.CapacitySummary, float]] = field(
+        default_factory=dict, repr=False
+    )
+    # A compact capacity hint from the child's last response, fresher than summaries.
+    hint: capacity_pb2.ModelCapacity | None = None
+    hint_at: float = float("-inf")
     stub: pb_grpc.GRPCInferenceServiceStub | None = field(default=None, repr=False)
 
     def fresh_summary(self, now: float, ttl_s: float) -> capacity_pb2.CapacitySummary | None:
@@ -59,7 +73,11 @@ class Child:
     def model_capacity(
         self, model: str, now: float, ttl_s: float
     ) -> capacity_pb2.ModelCapacity | None:
-        """The fresh summary's entry for ``model``; None when unknown."""
+        """The newest fresh report for ``model`` (summary entry or response hint);
+        None when unknown."""
+        if self.hint is not None and self.hint.model == model and now - self.hint_at <= ttl_s:
+            if self.hint_at >= self.summary_received_at:
+                return self.hint
         summary = self.fresh_summary(now, ttl_s)
         if summary is None:
             return None
@@ -102,7 +120,7 @@ class ChildSet:
         # tier re-derives its free pools).
         self._listeners: list[Callable[[], None]] = []
         self._channels: list[grpc.aio.Channel] = []
-        self._probe_task: asyncio.Task[None] | None = None
+        self._tasks: list[asyncio.Task[None]] = []
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -121,13 +139,18 @@ class ChildSet:
             child.stub = pb_grpc.GRPCInferenceServiceStub(channel)
         if self.probe:
             await self.probe_all()
-            self._probe_task = asyncio.create_task(self._probe_loop(), name="child-probes")
+            self._tasks.append(asyncio.create_task(self._probe_loop(), name="child-probes"))
+            for child, channel in zip(self.children, self._channels, strict=True):
+                self._tasks.append(
+                    asyncio.create_task(self._watch(child, channel), name=f"watch {child.name}")
+                )
 
     async def stop(self) -> None:
-        if self._probe_task is not None:
-            self._probe_task.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
             with contextlib.suppress(asyncio.CancelledError):
-                await self._probe_task
+                await task
         for channel in self._channels:
             await channel.close()
 
@@ -148,19 +171,37 @@ class ChildSet:
             self._changed()
 
     def take_summary(self, child_name: str, summary: capacity_pb2.CapacitySummary) -> None:
-        """Record a summary from the Redis reader; older sequences from a source are ignored."""
+        """Record a summary from the Redis reader.
+
+        Kept per publishing replica (older sequences of a source are ignored,
+        replicas past the TTL dropped) and combined without double counting.
+        A significant change (healthy GPUs, or a utilisation band crossed)
+        notifies the listeners at once.
+        """
         child = self.by_name.get(child_name)
         if child is None:
             return
-        old = child.summary
-        if (
-            old is not None
-            and old.source_id == summary.source_id
-            and (summary.sequence <= old.sequence)
-        ):
+        now = self.clock()
+        known = child.replicas.get(summary.source_id)
+        if known is not None and summary.sequence <= known[0].sequence:
             return
-        child.summary = summary
-        child.summary_received_at = self.clock()
+        child.replicas[summary.source_id] = (summary, now)
+        for source, (_, at) in list(child.replicas.items()):
+            if now - at > self.summary_ttl_s:
+                del child.replicas[source]
+        old = child.summary
+        child.summary = combine_replicas([s for s, _ in child.replicas.values()])
+        child.summary_received_at = now
+        child.outstanding_at_report = child.outstanding_requests
+        if old is None or significant_change(old, child.summary):
+            self._changed()
+
+    def take_hint(self, child: Child, hint: capacity_pb2.ModelCapacity | None) -> None:
+        """Record the capacity hint a child put on a response."""
+        if hint is not None:
+            child.hint = hint
+            child.hint_at = self.clock()
+            child.outstanding_at_report = child.outstanding_requests
 
     def nothing_healthy(self, model: str, tried: Collection[str] = ()) -> str:
         """Why no child can take a request for ``model``: each child and its state."""
@@ -193,9 +234,32 @@ class ChildSet:
             self.mark_failed(child, "probe: ServerReady says not ready")
 
     async def _probe_loop(self) -> None:
+        """Re-probe the children marked down (a health watch reports only changes, and a
+        failed forward may have marked down a child whose health never changed)."""
         while True:
             await asyncio.sleep(self.probe_interval_s)
             try:
-                await self.probe_all()
+                await asyncio.gather(*(self._probe(c) for c in self.children if not c.healthy))
             except Exception:  # a probe bug must not stop probing
                 log.exception("health probe round failed")
+
+    async def _watch(self, child: Child, channel: grpc.aio.Channel) -> None:
+        """Follow the child's grpc.health.v1 Watch: a child that stops serving, or whose
+        process dies (the stream breaks), is marked down at once."""
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service=V2_SERVICE)
+        backoff = 0.1
+        while True:
+            try:
+                async for reply in stub.Watch(request):
+                    backoff = 0.1
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        self.mark_healthy(child)
+                    else:
+                        self.mark_failed(child, "health: not serving")
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return  # no health service: the ServerReady probes must do
+                self.mark_failed(child, f"health: {exc.code().name}: {exc.details()}")
+            await asyncio.sleep(backoff)
+            backoff = min(1.0, 2 * backoff)

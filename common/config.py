@@ -127,6 +127,10 @@ class Topology:
     health_interval_s: float = 0.5
     time_scale: float = 1.0
     slow_start_window_s: float = 30.0
+    # Regions and zones that come back ramp their share up over this window.
+    failback_window_s: float = 10.0
+    # Measured RTT, client region -> serving region -> ms; overrides distance estimates.
+    rtt_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -292,6 +296,23 @@ def _unique(names: list[str], path: str) -> None:
         raise ConfigError(f"{path}: duplicate names {sorted(dup)}")
 
 
+def _rtt_matrix(root: _Node, regions: set[str]) -> dict[str, dict[str, float]]:
+    raw = root.get("rtt_ms", {}, kind=dict)
+    matrix: dict[str, dict[str, float]] = {}
+    for src, row in raw.items():
+        path = f"rtt_ms.{src}"
+        if src not in regions or not isinstance(row, dict):
+            raise ConfigError(f"{path}: expected a known region mapping to {{region: ms}}")
+        matrix[src] = {}
+        for dst, ms in row.items():
+            if dst not in regions:
+                raise ConfigError(f"{path}.{dst}: unknown region")
+            if isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0:
+                raise ConfigError(f"{path}.{dst}: expected milliseconds >= 0, got {ms!r}")
+            matrix[src][dst] = float(ms)
+    return matrix
+
+
 def topology_from_mapping(raw: Any) -> Topology:
     """Build and validate a ``Topology`` from parsed YAML."""
     root = _Node(raw, "")
@@ -339,6 +360,10 @@ def topology_from_mapping(raw: Any) -> Topology:
     slow_start = root.get("slow_start_window_s", 30.0, kind=float)
     if slow_start < 0:
         raise ConfigError(f"slow_start_window_s: must be >= 0, got {slow_start}")
+    failback = root.get("failback_window_s", 10.0, kind=float)
+    if failback < 0:
+        raise ConfigError(f"failback_window_s: must be >= 0, got {failback}")
+    rtt = _rtt_matrix(root, {r.name for r in regions})
     topology = Topology(
         global_tier=global_tier,
         regions=tuple(regions),
@@ -348,6 +373,8 @@ def topology_from_mapping(raw: Any) -> Topology:
         health_interval_s=health,
         time_scale=time_scale,
         slow_start_window_s=slow_start,
+        failback_window_s=failback,
+        rtt_ms=rtt,
     )
     root.done()
     return topology

@@ -22,6 +22,10 @@ class PickRequest:
     prompt_tokens: int = 0
     max_tokens: int = 0
     tenant: str = ""
+    # The client's declared region (x-meridian-client-region), for a measured RTT matrix.
+    client_region: str | None = None
+    # Data residency: the regions this request may be served in (empty: any).
+    allowed_regions: frozenset[str] = frozenset()
     # Chained hashes of the prompt's leading blocks (common.prefix), computed at the edge.
     prefix_blocks: tuple[int, ...] = ()
 

@@ -28,10 +28,12 @@ import grpc
 
 from common.attempts import Attempts, Failover, passable, with_route
 from common.balancer import Balancer, Lease, Outcome
+from common.capacity import CAPACITY_HINT, encode_hint
 from common.children import Child, ChildSet
 from common.errors import RouteError
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.gen.meridian.v1.capacity_pb2 import ModelCapacity
 from common.geo import GeoPoint
 from common.pick import PickRequest
 from common.prefix import MAX_CARRIED_BLOCKS, prompt_block_hashes
@@ -78,6 +80,8 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         self.retry_budget = RetryBudget()
         self.rng = rng or random.Random()
         self.clock = clock
+        # This tier's newest view of a model, returned to the tier above as a hint.
+        self.hint_source: Callable[[str], ModelCapacity | None] = lambda model: None
 
     # ------------------------------------------------------------------ admin-ish RPCs
 
@@ -109,7 +113,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             )
             return response
         except RouteError as err:
-            await context.abort(err.code, err.message, trailing_metadata=err.trailers)
+            await self.abort(context, err, request.name)
             raise  # unreachable: abort raises
 
     # ------------------------------------------------------------------ inference
@@ -126,7 +130,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             )
             return response
         except RouteError as err:
-            await context.abort(err.code, err.message, trailing_metadata=err.trailers)
+            await self.abort(context, err, request.model_name)
             raise
 
     async def ModelStreamInfer(
@@ -140,6 +144,16 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             await context.abort(err.code, err.message, trailing_metadata=err.trailers)
 
     # ------------------------------------------------------------------ shared mechanics
+
+    async def abort(self, context: grpc.aio.ServicerContext, err: RouteError, model: str) -> None:
+        """End the call with ``err``, telling the tier above what capacity is left here."""
+        hint = self.hint(model)
+        trailers = (*err.trailers, (CAPACITY_HINT, hint)) if hint else err.trailers
+        await context.abort(err.code, err.message, trailing_metadata=trailers)
+
+    def hint(self, model: str) -> str | None:
+        entry = self.hint_source(model)
+        return encode_hint(entry) if entry is not None else None
 
     def hints(self, context: grpc.aio.ServicerContext) -> RouteHints:
         return parse_hints(context.invocation_metadata(), trust_internal=self.spec.trust_internal)
@@ -164,6 +178,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             prompt_tokens=gen.prompt_tokens if gen else 0,
             max_tokens=gen.max_tokens if gen else 0,
             tenant=hints.tenant,
+            client_region=hints.client_region,
             prefix_blocks=blocks,
         )
 
@@ -246,7 +261,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             while True:
                 try:
                     lease = await self.next_lease(pick, attempts, context)
-                    lease.extra["max_tokens"] = pick.max_tokens
+                    lease.extra.update(max_tokens=pick.max_tokens, model=pick.model)
                     timeout = self.lease_timeout(lease, context)
                     assert lease.child.stub is not None
                     call = getattr(lease.child.stub, method)(
@@ -265,7 +280,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
                         raise
                     self.settle(lease, grpc.StatusCode.OK, trailers)
                     context.set_trailing_metadata(
-                        with_route(trailers, self.route_of(lease.child, trailers))
+                        with_route(
+                            trailers, self.route_of(lease.child, trailers), self.hint(pick.model)
+                        )
                     )
                     return response
                 finally:

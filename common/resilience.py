@@ -325,6 +325,14 @@ class SlowStartConfig:
         )
 
 
+def ramp_factor(elapsed_s: float, config: SlowStartConfig) -> float:
+    """Slow start's share ``elapsed_s`` after a start: from the floor up to 1.0 at the window."""
+    if config.window_s <= 0 or elapsed_s >= config.window_s:
+        return 1.0
+    ramp = (max(elapsed_s, 0.0) / config.window_s) ** (1.0 / config.aggression)
+    return max(config.min_weight_percent / 100.0, ramp)
+
+
 class SlowStart:
     """Ramps a new or just-recovered child's share up over ``window_s``, as Envoy's slow start.
 
@@ -352,13 +360,11 @@ class SlowStart:
         started = self._started.get(key)
         if started is None:
             return 1.0
-        cfg = self._config
         elapsed = self._clock() - started
-        if elapsed >= cfg.window_s:
+        if elapsed >= self._config.window_s:
             del self._started[key]
             return 1.0
-        ramp = (max(elapsed, 0.0) / cfg.window_s) ** (1.0 / cfg.aggression)
-        return max(cfg.min_weight_percent / 100.0, ramp)
+        return ramp_factor(elapsed, self._config)
 
     def forget(self, key: str) -> None:
         self._started.pop(key, None)

@@ -106,7 +106,7 @@ class StreamForward:
         assert self.pick is not None
         self.proxy.end_attempt(self.attempts)
         self.lease = await self.proxy.next_lease(self.pick, self.attempts, self.context)
-        self.lease.extra["max_tokens"] = self.pick.max_tokens
+        self.lease.extra.update(max_tokens=self.pick.max_tokens, model=self.pick.model)
         child = self.lease.child
         assert child.stub is not None
         self.call = child.stub.ModelStreamInfer(
@@ -136,7 +136,11 @@ class StreamForward:
                 trailers = await call.trailing_metadata()
                 self._settle(grpc.StatusCode.OK, trailers)
                 self.context.set_trailing_metadata(
-                    with_route(trailers, self.proxy.route_of(lease.child, trailers))
+                    with_route(
+                        trailers,
+                        self.proxy.route_of(lease.child, trailers),
+                        self.proxy.hint(self.pick.model if self.pick else ""),
+                    )
                 )
                 await reader
                 return

@@ -80,9 +80,24 @@ class TierServer:
 
     def __post_init__(self) -> None:
         self.proxy = InferenceProxy(self.spec, self.children, self.balancer)
+        self._ready = True
+        self._started = False
+        self._pending: set[asyncio.Task[None]] = set()
         self.server = V2Server(self.proxy, self.endpoint)
         if self.publisher is not None:
             self.children.add_listener(self.publisher.poke)
+            self.proxy.hint_source = self.publisher.latest_entry
+        self.children.add_listener(self._readiness_changed)
+
+    def _readiness_changed(self) -> None:
+        """Serve grpc.health.v1 SERVING only while some child is up: the tier above
+        watches it and stops sending here at once."""
+        ready = self.children.any_healthy()
+        if ready != self._ready and self._started:
+            self._ready = ready
+            task = asyncio.get_running_loop().create_task(self.server.set_serving(ready))
+            self._pending.add(task)
+            task.add_done_callback(self._pending.discard)
 
     @property
     def port(self) -> int:
@@ -95,7 +110,9 @@ class TierServer:
         for service in self.services:
             await service.start()
         await self.server.start()
-        await self.server.set_serving(True)
+        self._ready = self.children.any_healthy()
+        await self.server.set_serving(self._ready)
+        self._started = True
         if self.publisher is not None:
             self.publisher.start()
 

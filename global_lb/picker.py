@@ -1,33 +1,113 @@
 """RegionPicker: the global tier's one decision — which region serves a request.
 
-Regions are ranked by great-circle distance from the client's location (its
-``x-meridian-client-geo``, else the location of its ``x-meridian-client-region``,
-else the global tier's own location), nearest first. A region is left out
-when direct evidence says it is down, or when its fresh capacity summary says
-it has no healthy GPU for the model; a region whose summary is stale is still
-routed to on direct health evidence alone. The next-nearest region is the
-failover.
+Each eligible region gets a score, lower is better:
+
+    score_ms = RTT estimate (measured matrix when configured, else great-circle distance)
+             + expected queueing delay (the region summary's estimated wait; unknown = penalty)
+
+and an *availability* with Envoy's priority/overprovisioning semantics:
+
+    availability = min(1, 1.4 × healthy GPUs / total GPUs) × fail-back ramp
+
+Regions are walked in score order like Envoy priority levels: the best region
+takes min(its availability, what is left) of the traffic and the rest spills
+to the next, so a region keeps all of its traffic while at least 1/1.4 of its
+GPUs are healthy and sheds the excess otherwise. When the availabilities add
+up to less than 1 they are normalised (every region degraded); below
+``PANIC_THRESHOLD`` the picker panics and ignores summaries, ranking every
+region that is up by direct evidence by score alone. A region that just came
+back ramps its availability up over the fail-back window (slow start), so
+traffic returns gradually instead of as a herd.
+
+Eligible: up by direct evidence, serving the model, allowed for the tenant
+(data residency), and not known (fresh summary) to have zero healthy GPUs. A
+region whose summary is stale is unknown: routed on direct evidence, scored
+with ``UNKNOWN_WAIT_MS``. The ranking returned is the chosen region first,
+then the others by score, which is the failover order.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 
 from common.children import Child
-from common.geo import GeoPoint, great_circle_km
+from common.geo import GeoPoint, rtt_estimate_ms
 from common.pick import PickRequest
+from common.resilience import SlowStartConfig, ramp_factor
+
+OVERPROVISIONING = 1.4
+PANIC_THRESHOLD = 0.5
+UNKNOWN_WAIT_MS = 100.0
+
+
+def availability(healthy: int, total: int, ramp: float = 1.0) -> float:
+    """Envoy's priority health: min(1, overprovisioning × healthy fraction), times the ramp."""
+    if total <= 0:
+        return ramp
+    return min(1.0, OVERPROVISIONING * healthy / total) * ramp
+
+
+def spill_shares(availabilities: Sequence[float]) -> list[float]:
+    """Traffic share of each region, in score order (Envoy's priority load, normalised)."""
+    total = sum(availabilities)
+    if total <= 0:
+        return [0.0 for _ in availabilities]
+    scale = 1.0 / total if total < 1.0 else 1.0
+    shares, left = [], 1.0
+    for a in availabilities:
+        share = min(a * scale, left)
+        shares.append(share)
+        left -= share
+    return shares
 
 
 @dataclass
 class RegionPicker:
-    """Nearest healthy region with the model first."""
+    """Score by RTT plus queueing, spill by health with overprovisioning, fail back slowly."""
 
     home: GeoPoint
     summary_ttl_s: float
+    rtt_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    failback: SlowStartConfig = field(default_factory=lambda: SlowStartConfig(window_s=10.0))
+    rng: random.Random = field(default_factory=random.Random)
+
+    def rtt(self, request: PickRequest, region: Child) -> float:
+        row = self.rtt_ms.get(request.client_region or "")
+        if row is not None and region.name in row:
+            return row[region.name]
+        return rtt_estimate_ms(request.origin or self.home, region.location or self.home)
 
     def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
-        origin = request.origin or self.home
-        eligible = [c for c in children if c.may_serve(request.model, now, self.summary_ttl_s)]
-        eligible.sort(key=lambda c: great_circle_km(origin, c.location or self.home))
-        return eligible
+        scored: list[tuple[float, float, Child]] = []
+        for region in children:
+            if request.allowed_regions and region.name not in request.allowed_regions:
+                continue
+            if not region.may_serve(request.model, now, self.summary_ttl_s):
+                continue
+            entry = region.model_capacity(request.model, now, self.summary_ttl_s)
+            ramp = ramp_factor(now - region.healthy_since, self.failback)
+            if entry is None:
+                wait_ms, avail = UNKNOWN_WAIT_MS, ramp
+            else:
+                wait_ms = 1000.0 * entry.estimated_wait_s
+                avail = availability(
+                    entry.healthy_gpus + entry.unknown_children,
+                    entry.total_gpus + entry.unknown_children,
+                    ramp,
+                )
+            scored.append((self.rtt(request, region) + wait_ms, avail, region))
+        if not scored:
+            return []
+        scored.sort(key=lambda s: s[0])
+        ranked = [region for _, _, region in scored]
+        avails = [a for _, a, _ in scored]
+        if sum(avails) < PANIC_THRESHOLD:
+            return ranked  # panic: every region degraded, route by score alone
+        u = self.rng.random()
+        for i, share in enumerate(spill_shares(avails)):
+            u -= share
+            if u < 0:
+                return [ranked[i], *ranked[:i], *ranked[i + 1 :]]
+        return ranked

@@ -9,6 +9,7 @@ from common.config import Topology
 from common.errors import RouteError
 from common.geo import GeoPoint
 from common.proxy import TierSpec
+from common.resilience import SlowStartConfig
 from common.routing import CLIENT_REGION, RouteHints
 from common.tier import TierServer
 from global_lb.picker import RegionPicker
@@ -52,5 +53,11 @@ def build_global_tier(topology: Topology) -> TierServer:
         trust_internal=False,
         resolve_origin=origin,
     )
-    balancer = RankingBalancer(RegionPicker(home, topology.summary_ttl_s), regions)
+    picker = RegionPicker(
+        home,
+        topology.summary_ttl_s,
+        rtt_ms=topology.rtt_ms,
+        failback=SlowStartConfig(window_s=topology.failback_window_s),
+    )
+    balancer = RankingBalancer(picker, regions)
     return TierServer(spec, regions, balancer, topology.global_tier.endpoint, reader=reader)

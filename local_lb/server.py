@@ -63,8 +63,10 @@ def zone_summary(
                 if sample.kv_cache_usage is not None:
                     entry.kv_cache_usage += sample.kv_cache_usage * gpu.slots
     for model, entry in models.items():
-        entry.queued_requests += queue.depth_for_model(model)
-        entry.free_slots = entry.total_slots - busy.get(model, 0)
+        entry.tier_queued_requests = queue.depth_for_model(model)
+        entry.queued_requests += entry.tier_queued_requests
+        entry.busy_slots = busy.get(model, 0)
+        entry.free_slots = entry.total_slots - entry.busy_slots
         if entry.total_slots:
             entry.utilisation = busy.get(model, 0) / entry.total_slots
             entry.kv_cache_usage /= entry.total_slots

@@ -35,7 +35,7 @@ class GpuChild(Child):
     share: float = 1.0  # slow-start factor, refreshed by the balancer
 
     # healthy_since of the recovery slow start was last started for.
-    last_seen_healthy: float = 0.0
+    last_seen_healthy: float = float("-inf")
 
     @property
     def free_slots(self) -> int:

@@ -10,6 +10,7 @@ from common.config import Topology
 from common.gen.meridian.v1 import capacity_pb2
 from common.geo import GeoPoint
 from common.proxy import TierSpec
+from common.resilience import SlowStartConfig
 from common.routing import RouteHints
 from common.tier import TierServer, source_id
 from regional_lb.picker import ZonePicker
@@ -76,7 +77,12 @@ def build_regional_tier(topology: Topology, region: str) -> TierServer:
         trust_internal=True,
         resolve_origin=origin,
     )
-    balancer = RankingBalancer(ZonePicker(region_cfg.location, topology.summary_ttl_s), zones)
+    picker = ZonePicker(
+        region_cfg.location,
+        topology.summary_ttl_s,
+        failback=SlowStartConfig(window_s=topology.failback_window_s),
+    )
+    balancer = RankingBalancer(picker, zones)
     return TierServer(
         spec, zones, balancer, region_cfg.endpoint, publisher=publisher, reader=reader
     )

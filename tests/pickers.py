@@ -1,5 +1,7 @@
 """Helpers for picker tests: children and requests without servers."""
 
+from typing import Any
+
 from common.children import Child
 from common.config import Endpoint
 from common.gen.meridian.v1 import capacity_pb2
@@ -30,17 +32,31 @@ def child(
     return c
 
 
-def with_summary(c: Child, healthy_gpus: int, received_at: float, model: str = MODEL) -> Child:
-    c.summary = capacity_pb2.CapacitySummary(
-        source_id="s",
-        sequence=1,
-        models=[capacity_pb2.ModelCapacity(model=model, healthy_gpus=healthy_gpus, total_gpus=4)],
+def with_summary(
+    c: Child,
+    healthy_gpus: int,
+    received_at: float,
+    model: str = MODEL,
+    *,
+    total_gpus: int = 4,
+    **fields: Any,
+) -> Child:
+    entry = capacity_pb2.ModelCapacity(
+        model=model, healthy_gpus=healthy_gpus, total_gpus=total_gpus, **fields
     )
+    c.summary = capacity_pb2.CapacitySummary(source_id="s", sequence=1, models=[entry])
     c.summary_received_at = received_at
     return c
 
 
-def request(origin: GeoPoint | None = None, model: str = MODEL, tokens: int = 10) -> PickRequest:
+def request(
+    origin: GeoPoint | None = None,
+    model: str = MODEL,
+    tokens: int = 10,
+    *,
+    client_region: str | None = None,
+    allowed_regions: frozenset[str] = frozenset(),
+) -> PickRequest:
     return PickRequest(
         model=model,
         version="",
@@ -49,4 +65,6 @@ def request(origin: GeoPoint | None = None, model: str = MODEL, tokens: int = 10
         priority="standard",
         prompt_tokens=tokens,
         max_tokens=tokens,
+        client_region=client_region,
+        allowed_regions=allowed_regions,
     )

@@ -89,3 +89,19 @@ def test_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
     path.write_text("regions: [unclosed")
     with pytest.raises(ConfigError, match="not valid YAML"):
         load_topology(path)
+
+
+def test_rtt_matrix_and_failback_window() -> None:
+    raw = demo()
+    raw["rtt_ms"] = {"eu-west": {"us-east": 70, "ap-southeast": 160.5}}
+    raw["failback_window_s"] = 4
+    topo = topology_from_mapping(raw)
+    assert topo.rtt_ms == {"eu-west": {"us-east": 70.0, "ap-southeast": 160.5}}
+    assert topo.failback_window_s == 4.0
+
+
+def test_rtt_matrix_unknown_region_names_its_key() -> None:
+    raw = demo()
+    raw["rtt_ms"] = {"eu-west": {"mars": 1}}
+    with pytest.raises(ConfigError, match=r"^rtt_ms\.eu-west\.mars: unknown region"):
+        topology_from_mapping(raw)

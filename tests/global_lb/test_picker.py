@@ -1,5 +1,9 @@
+import random
+
+import pytest
+
 from common.geo import GeoPoint
-from global_lb.picker import RegionPicker
+from global_lb.picker import RegionPicker, availability, spill_shares
 from tests.pickers import child, request, with_summary
 
 US = GeoPoint(39.04, -77.49)
@@ -64,11 +68,97 @@ def test_region_without_the_model_is_skipped() -> None:
 def test_summary_with_unknown_zones_does_not_rule_region_out() -> None:
     rs = regions()
     with_summary(rs[1], healthy_gpus=0, received_at=9.5)
+    assert "eu-west" not in names(RegionPicker(HOME, TTL).rank(request(EU), rs, now=10))
     rs[1].summary.models[0].unknown_children = 1
-    assert names(RegionPicker(HOME, TTL).rank(request(EU), rs, now=10))[0] == "eu-west"
+    assert "eu-west" in names(RegionPicker(HOME, TTL).rank(request(EU), rs, now=10))
 
 
 def test_summary_without_the_model_is_unknown_not_zero() -> None:
     rs = regions()
     with_summary(rs[1], healthy_gpus=3, received_at=9.5, model="other")
     assert names(RegionPicker(HOME, TTL).rank(request(EU), rs, now=10))[0] == "eu-west"
+
+
+def first_counts(picker: RegionPicker, req, rs, now: float = 100.0, n: int = 4000):  # type: ignore[no-untyped-def]
+    counts: dict[str, int] = {}
+    for _ in range(n):
+        name = picker.rank(req, rs, now)[0].name
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def seeded() -> RegionPicker:
+    return RegionPicker(HOME, TTL, rng=random.Random(3))
+
+
+def test_region_keeps_all_traffic_while_enough_is_healthy() -> None:
+    rs = regions()
+    with_summary(rs[1], healthy_gpus=6, total_gpus=8, received_at=99.5)  # 75% x 1.4 >= 1
+    assert first_counts(seeded(), request(EU), rs) == {"eu-west": 4000}
+
+
+def test_partial_failure_sheds_the_excess_to_the_next_region() -> None:
+    rs = regions()
+    with_summary(rs[1], healthy_gpus=4, total_gpus=8, received_at=99.5)  # 50% x 1.4 = 70%
+    counts = first_counts(seeded(), request(EU), rs)
+    assert abs(counts["eu-west"] / 4000 - 0.70) < 0.04
+    assert abs(counts["us-east"] / 4000 - 0.30) < 0.04
+
+
+def test_every_region_degraded_is_normalised() -> None:
+    rs = regions()
+    for r in rs:
+        with_summary(r, healthy_gpus=2, total_gpus=8, received_at=99.5)  # 35% each
+    counts = first_counts(seeded(), request(EU), rs)
+    # Shares 0.35, 0.35, 0.35 normalised by their sum 1.05: a third each.
+    for name in ("eu-west", "us-east", "ap-southeast"):
+        assert abs(counts[name] / 4000 - 1 / 3) < 0.04
+
+
+def test_panic_routes_by_score_alone() -> None:
+    rs = regions()
+    for r in rs:
+        with_summary(r, healthy_gpus=1, total_gpus=10, received_at=99.5)  # 14% each, sum < 0.5
+    assert first_counts(seeded(), request(EU), rs) == {"eu-west": 4000}
+
+
+def test_queueing_delay_outweighs_a_short_rtt() -> None:
+    rs = regions()
+    with_summary(rs[1], healthy_gpus=8, total_gpus=8, received_at=99.5, estimated_wait_s=2.0)
+    with_summary(rs[0], healthy_gpus=8, total_gpus=8, received_at=99.5, estimated_wait_s=0.0)
+    assert names(seeded().rank(request(EU), rs, 100.0))[0] == "us-east"
+
+
+def test_measured_rtt_matrix_overrides_distance() -> None:
+    picker = RegionPicker(
+        HOME, TTL, rtt_ms={"eu-west": {"ap-southeast": 5.0, "eu-west": 30.0}}, rng=random.Random(1)
+    )
+    req = request(EU, client_region="eu-west")
+    assert names(picker.rank(req, regions(), 100.0))[0] == "ap-southeast"
+
+
+def test_region_back_from_an_outage_ramps_up() -> None:
+    rs = regions()
+    rs[1].healthy_since = 99.0  # came back 1 s ago; fail-back window 10 s from a 10% floor
+    counts = first_counts(seeded(), request(EU), rs)
+    assert 0.05 < counts["eu-west"] / 4000 < 0.16
+
+
+def test_data_residency_is_kept_in_failover() -> None:
+    rs = regions()
+    allowed = frozenset({"ap-southeast"})
+    assert names(seeded().rank(request(EU, allowed_regions=allowed), rs, 100.0)) == ["ap-southeast"]
+    rs[2].healthy = False
+    assert seeded().rank(request(EU, allowed_regions=allowed), rs, 100.0) == []
+
+
+def test_spill_shares_follow_envoy_priority_load() -> None:
+    assert spill_shares([1.0, 1.0]) == [1.0, 0.0]
+    assert spill_shares([0.7, 1.0]) == pytest.approx([0.7, 0.3])
+    assert spill_shares([0.28, 0.28]) == pytest.approx([0.5, 0.5])
+
+
+def test_availability_uses_the_overprovisioning_factor() -> None:
+    assert availability(5, 7) == 1.0  # 71.4% healthy x 1.4
+    assert availability(1, 2) == pytest.approx(0.7)
+    assert availability(1, 2, ramp=0.5) == pytest.approx(0.35)

@@ -83,6 +83,7 @@ async def zone(redis_server: EmbeddedRedis) -> AsyncIterator[Zone]:
 
 
 async def test_unary_retried_on_another_gpu_when_the_first_is_gone(zone: Zone) -> None:
+    await asyncio.sleep(0.5)  # let the monitor's first (immediate) health check finish
     await zone.worker("g0").stop(0)
     dead = zone.tier.children.by_name["g0"]
     for _ in range(20):  # whichever GPU the picker tries first, every request succeeds

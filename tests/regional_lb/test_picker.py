@@ -1,38 +1,98 @@
+import random
+
 from common.geo import GeoPoint
-from regional_lb.picker import ZonePicker
+from regional_lb.picker import ZonePicker, headroom
 from tests.pickers import child, request, with_summary
 
 ZONE_A = GeoPoint(39.03, -77.47)
 ZONE_B = GeoPoint(38.94, -77.45)
+ZONE_C = GeoPoint(38.50, -77.00)
 HOME = GeoPoint(39.04, -77.49)
+TTL = 1.5
+NOW = 100.0
 
 
 def zones():
-    return [child("1a", location=ZONE_A), child("1b", location=ZONE_B)]
+    return [
+        child("1a", location=ZONE_A),
+        child("1b", location=ZONE_B),
+        child("1c", location=ZONE_C),
+    ]
 
 
 def names(ranked):
     return [c.name for c in ranked]
 
 
-def test_request_zone_first() -> None:
-    picker = ZonePicker(HOME, 1.5)
-    assert names(picker.rank(request(ZONE_B), zones(), 0)) == ["1b", "1a"]
-    assert names(picker.rank(request(ZONE_A), zones(), 0)) == ["1a", "1b"]
+def picker() -> ZonePicker:
+    return ZonePicker(HOME, TTL, rng=random.Random(7))
+
+
+def firsts(zs, n: int = 4000) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    p = picker()
+    counts: dict[str, int] = {}
+    for _ in range(n):
+        name = p.rank(request(ZONE_A), zs, NOW)[0].name
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def test_request_zone_first_then_by_proximity() -> None:
+    assert names(picker().rank(request(ZONE_A), zones(), NOW)) == ["1a", "1b", "1c"]
+    assert names(picker().rank(request(ZONE_C), zones(), NOW))[0] == "1c"
+
+
+def test_own_zone_keeps_traffic_while_it_has_headroom() -> None:
+    zs = zones()
+    with_summary(zs[0], 4, NOW, free_slots=5)
+    assert firsts(zs) == {"1a": 4000}
+
+
+def test_spill_in_proportion_to_headroom() -> None:
+    zs = zones()
+    with_summary(zs[0], 4, NOW, free_slots=0)
+    with_summary(zs[1], 4, NOW, free_slots=30)
+    with_summary(zs[2], 4, NOW, free_slots=10)
+    counts = firsts(zs)
+    assert "1a" not in counts
+    assert abs(counts["1b"] / 4000 - 0.75) < 0.04
+
+
+def test_no_headroom_anywhere_keeps_proximity_order() -> None:
+    zs = zones()
+    for z in zs:
+        with_summary(z, 4, NOW, free_slots=0, queued_requests=3)
+    assert names(picker().rank(request(ZONE_A), zs, NOW)) == ["1a", "1b", "1c"]
+
+
+def test_requests_sent_since_the_report_use_up_headroom() -> None:
+    z = child("1a", location=ZONE_A)
+    with_summary(z, 4, NOW, free_slots=3)
+    z.outstanding_at_report = 2
+    z.outstanding_requests = 4  # two more sent since the report
+    assert headroom(z, "demo-llm", NOW, TTL) == 1
+
+
+def test_queued_requests_count_against_headroom() -> None:
+    z = child("1a", location=ZONE_A)
+    with_summary(z, 4, NOW, free_slots=3, queued_requests=5)
+    assert headroom(z, "demo-llm", NOW, TTL) == 0
 
 
 def test_other_zone_when_own_zone_is_down() -> None:
     zs = zones()
-    zs[1].healthy = False
-    assert names(ZonePicker(HOME, 1.5).rank(request(ZONE_B), zs, 0)) == ["1a"]
+    zs[0].healthy = False
+    assert names(picker().rank(request(ZONE_A), zs, NOW))[0] == "1b"
 
 
 def test_zone_with_no_healthy_gpu_in_fresh_summary_skipped() -> None:
     zs = zones()
-    with_summary(zs[0], healthy_gpus=0, received_at=0)
-    assert names(ZonePicker(HOME, 1.5).rank(request(ZONE_A), zs, 1.0)) == ["1b"]
+    with_summary(zs[0], healthy_gpus=0, received_at=NOW)
+    assert "1a" not in names(picker().rank(request(ZONE_A), zs, NOW))
 
 
-def test_equidistant_zones_ordered_by_outstanding_work() -> None:
-    zs = [child("x", location=HOME, outstanding_work=50), child("y", location=HOME)]
-    assert names(ZonePicker(HOME, 1.5).rank(request(HOME), zs, 0)) == ["y", "x"]
+def test_zone_back_from_an_outage_takes_its_traffic_back_gradually() -> None:
+    zs = zones()
+    zs[0].healthy_since = NOW - 5.0  # halfway through a 10 s fail-back window
+    counts = firsts(zs)
+    assert 0.4 < counts["1a"] / 4000 < 0.6

@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%common/gen/meridian/v1/capacity.proto\x12\x0bmeridian.v1\"\x8e\x02\n\rModelCapacity\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0chealthy_gpus\x18\x02 \x01(\r\x12\x12\n\ntotal_gpus\x18\x03 \x01(\r\x12\x13\n\x0btotal_slots\x18\x04 \x01(\r\x12\x12\n\nfree_slots\x18\x05 \x01(\r\x12\x17\n\x0fqueued_requests\x18\x06 \x01(\r\x12\x18\n\x10\x65stimated_wait_s\x18\x07 \x01(\x01\x12!\n\x19token_throughput_capacity\x18\x08 \x01(\x01\x12\x13\n\x0butilisation\x18\t \x01(\x01\x12\x16\n\x0ekv_cache_usage\x18\n \x01(\x01\x12\x18\n\x10unknown_children\x18\x0b \x01(\r\"\xb1\x01\n\x0f\x43\x61pacitySummary\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\x0e\n\x06region\x18\x04 \x01(\t\x12\x0c\n\x04zone\x18\x05 \x01(\t\x12\x19\n\x11publisher_healthy\x18\x06 \x01(\x08\x12*\n\x06models\x18\x07 \x03(\x0b\x32\x1a.meridian.v1.ModelCapacityb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n%common/gen/meridian/v1/capacity.proto\x12\x0bmeridian.v1\"\xc0\x02\n\rModelCapacity\x12\r\n\x05model\x18\x01 \x01(\t\x12\x14\n\x0chealthy_gpus\x18\x02 \x01(\r\x12\x12\n\ntotal_gpus\x18\x03 \x01(\r\x12\x13\n\x0btotal_slots\x18\x04 \x01(\r\x12\x12\n\nfree_slots\x18\x05 \x01(\r\x12\x17\n\x0fqueued_requests\x18\x06 \x01(\r\x12\x18\n\x10\x65stimated_wait_s\x18\x07 \x01(\x01\x12!\n\x19token_throughput_capacity\x18\x08 \x01(\x01\x12\x13\n\x0butilisation\x18\t \x01(\x01\x12\x16\n\x0ekv_cache_usage\x18\n \x01(\x01\x12\x18\n\x10unknown_children\x18\x0b \x01(\r\x12\x12\n\nbusy_slots\x18\x0c \x01(\r\x12\x1c\n\x14tier_queued_requests\x18\r \x01(\r\"\xb1\x01\n\x0f\x43\x61pacitySummary\x12\x11\n\tsource_id\x18\x01 \x01(\t\x12\x10\n\x08sequence\x18\x02 \x01(\x04\x12\x14\n\x0ctimestamp_ms\x18\x03 \x01(\x03\x12\x0e\n\x06region\x18\x04 \x01(\t\x12\x0c\n\x04zone\x18\x05 \x01(\t\x12\x19\n\x11publisher_healthy\x18\x06 \x01(\x08\x12*\n\x06models\x18\x07 \x03(\x0b\x32\x1a.meridian.v1.ModelCapacityb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -32,7 +32,7 @@ _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'common.gen.meridian.v1.capa
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
   _globals['_MODELCAPACITY']._serialized_start=55
-  _globals['_MODELCAPACITY']._serialized_end=325
-  _globals['_CAPACITYSUMMARY']._serialized_start=328
-  _globals['_CAPACITYSUMMARY']._serialized_end=505
+  _globals['_MODELCAPACITY']._serialized_end=375
+  _globals['_CAPACITYSUMMARY']._serialized_start=378
+  _globals['_CAPACITYSUMMARY']._serialized_end=555
 # @@protoc_insertion_point(module_scope)

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class ModelCapacity(_message.Message):
-    __slots__ = ("model", "healthy_gpus", "total_gpus", "total_slots", "free_slots", "queued_requests", "estimated_wait_s", "token_throughput_capacity", "utilisation", "kv_cache_usage", "unknown_children")
+    __slots__ = ("model", "healthy_gpus", "total_gpus", "total_slots", "free_slots", "queued_requests", "estimated_wait_s", "token_throughput_capacity", "utilisation", "kv_cache_usage", "unknown_children", "busy_slots", "tier_queued_requests")
     MODEL_FIELD_NUMBER: _ClassVar[int]
     HEALTHY_GPUS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_GPUS_FIELD_NUMBER: _ClassVar[int]
@@ -19,6 +19,8 @@ class ModelCapacity(_message.Message):
     UTILISATION_FIELD_NUMBER: _ClassVar[int]
     KV_CACHE_USAGE_FIELD_NUMBER: _ClassVar[int]
     UNKNOWN_CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    BUSY_SLOTS_FIELD_NUMBER: _ClassVar[int]
+    TIER_QUEUED_REQUESTS_FIELD_NUMBER: _ClassVar[int]
     model: str
     healthy_gpus: int
     total_gpus: int
@@ -30,7 +32,9 @@ class ModelCapacity(_message.Message):
     utilisation: float
     kv_cache_usage: float
     unknown_children: int
-    def __init__(self, model: _Optional[str] = ..., healthy_gpus: _Optional[int] = ..., total_gpus: _Optional[int] = ..., total_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., queued_requests: _Optional[int] = ..., estimated_wait_s: _Optional[float] = ..., token_throughput_capacity: _Optional[float] = ..., utilisation: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., unknown_children: _Optional[int] = ...) -> None: ...
+    busy_slots: int
+    tier_queued_requests: int
+    def __init__(self, model: _Optional[str] = ..., healthy_gpus: _Optional[int] = ..., total_gpus: _Optional[int] = ..., total_slots: _Optional[int] = ..., free_slots: _Optional[int] = ..., queued_requests: _Optional[int] = ..., estimated_wait_s: _Optional[float] = ..., token_throughput_capacity: _Optional[float] = ..., utilisation: _Optional[float] = ..., kv_cache_usage: _Optional[float] = ..., unknown_children: _Optional[int] = ..., busy_slots: _Optional[int] = ..., tier_queued_requests: _Optional[int] = ...) -> None: ...
 
 class CapacitySummary(_message.Message):
     __slots__ = ("source_id", "sequence", "timestamp_ms", "region", "zone", "publisher_healthy", "models")
