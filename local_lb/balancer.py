@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import grpc
 
 from common.balancer import Lease, Outcome
+from common.capacity import utilisation_band
 from common.children import Child, ChildSet
 from common.errors import RouteError
 from common.pick import Picker, PickRequest
@@ -68,6 +69,10 @@ class LocalBalancer:
             on_change=self._ejection_changed,
         )
         self.slow_start = SlowStart(self.slow_start_config, clock=self.clock)
+        self.total_slots = sum(g.slots for g in self.view.gpus)
+        self._band = 0
+        # Called when the zone's utilisation crosses a band (its summary goes out at once).
+        self.on_significant_change: Callable[[], None] = lambda: None
         self.children.add_listener(self.refresh_all)
 
     # ------------------------------------------------------------------ request side
@@ -200,11 +205,19 @@ class LocalBalancer:
         gpu.outstanding_requests += 1
         self.view.inflight_total += 1
         self.view.refresh(gpu)
+        self._check_band()
 
     def _unreserve(self, gpu: GpuChild) -> None:
         gpu.outstanding_requests -= 1
         self.view.inflight_total -= 1
         self.view.refresh(gpu)
+        self._check_band()
+
+    def _check_band(self) -> None:
+        band = utilisation_band(self.view.inflight_total / max(1, self.total_slots))
+        if band != self._band:
+            self._band = band
+            self.on_significant_change()
 
     def _hand_off(self, gpu: GpuChild) -> None:
         """Give the GPU's free slots to queued requests, best first."""

@@ -137,6 +137,8 @@ def build_local_tier(
         maxlen=topology.summary_stream_maxlen,
     )
 
+    balancer.on_significant_change = publisher.poke
+
     def origin(hints: RouteHints) -> None:
         return None  # the local tier's choice does not depend on geography
 

@@ -87,3 +87,69 @@ def expect_code(
 
 def iter_requests(*requests: pb.ModelInferRequest) -> Iterator[pb.ModelInferRequest]:
     yield from requests
+
+
+@dataclass
+class Sample:
+    started: float
+    ended: float
+    code: grpc.StatusCode
+    route: str
+
+
+class LoadLoop:
+    """Closed-loop background load from ``clients`` threads; bounded by ``max_requests``."""
+
+    def __init__(
+        self,
+        address: str,
+        metadata: Sequence[tuple[str, str]],
+        *,
+        clients: int = 4,
+        max_requests: int = 5000,
+        max_tokens: int = 4,
+    ) -> None:
+        import threading
+
+        self.address = address
+        self.metadata = tuple(metadata)
+        self.max_requests = max_requests
+        self.max_tokens = max_tokens
+        self.samples: list[Sample] = []
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._threads = [threading.Thread(target=self._run, daemon=True) for _ in range(clients)]
+
+    def __enter__(self) -> LoadLoop:
+        for thread in self._threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        for thread in self._threads:
+            thread.join(30)
+
+    def _run(self) -> None:
+        import time
+
+        with V2Client(self.address) as client:
+            while not self._stop.is_set() and len(self.samples) < self.max_requests:
+                start = time.monotonic()
+                try:
+                    reply = client.infer(
+                        "load", self.max_tokens, metadata=self.metadata, timeout=10
+                    )
+                    sample = Sample(start, time.monotonic(), grpc.StatusCode.OK, reply.route)
+                except grpc.RpcError as err:
+                    sample = Sample(start, time.monotonic(), err.code(), "")
+                with self._lock:
+                    self.samples.append(sample)
+
+    def since(self, t: float) -> list[Sample]:
+        with self._lock:
+            return [s for s in self.samples if s.started >= t]
+
+    def failures(self) -> list[Sample]:
+        with self._lock:
+            return [s for s in self.samples if s.code != grpc.StatusCode.OK]

@@ -3,7 +3,16 @@ import asyncio
 import pytest
 import redis
 
-from common.capacity import CapacityPublisher, CapacityReader, aggregate, zone_stream
+from common.capacity import (
+    CapacityPublisher,
+    CapacityReader,
+    aggregate,
+    combine_replicas,
+    decode_hint,
+    encode_hint,
+    significant_change,
+    zone_stream,
+)
 from common.gen.meridian.v1 import capacity_pb2
 from common.redis_embed import EmbeddedRedis
 
@@ -166,3 +175,62 @@ def test_aggregate_counts_unknown_children() -> None:
     a = zone("a", healthy_gpus=0, total_gpus=4)
     (entry,) = aggregate([a], unknown=[M], source_id="r", sequence=1, region="r").models
     assert (entry.healthy_gpus, entry.unknown_children) == (0, 1)
+
+
+def test_hint_round_trip() -> None:
+    entry = capacity_pb2.ModelCapacity(
+        model=M,
+        healthy_gpus=3,
+        total_gpus=4,
+        total_slots=64,
+        free_slots=10,
+        queued_requests=2,
+        unknown_children=1,
+        estimated_wait_s=0.25,
+    )
+    back = decode_hint(encode_hint(entry), M)
+    assert back is not None
+    assert (back.healthy_gpus, back.total_gpus, back.total_slots, back.free_slots) == (3, 4, 64, 10)
+    assert (back.queued_requests, back.unknown_children) == (2, 1)
+    assert back.estimated_wait_s == pytest.approx(0.25)
+    assert back.utilisation == pytest.approx(54 / 64)
+
+
+@pytest.mark.parametrize("value", [None, "", "h=1", "h=x,t=1,s=1,f=1,q=1,u=1,w=0", "garbage"])
+def test_malformed_hint_is_ignored(value: str | None) -> None:
+    assert decode_hint(value, M) is None
+
+
+def replica(
+    source: str, busy: int, tier_queued: int, gpu_waiting: int
+) -> capacity_pb2.CapacitySummary:
+    entry = capacity_pb2.ModelCapacity(
+        model=M,
+        healthy_gpus=4,
+        total_gpus=4,
+        total_slots=64,
+        busy_slots=busy,
+        free_slots=64 - busy,
+        tier_queued_requests=tier_queued,
+        queued_requests=tier_queued + gpu_waiting,
+        token_throughput_capacity=8000,
+    )
+    return capacity_pb2.CapacitySummary(source_id=source, sequence=1, models=[entry])
+
+
+def test_replicas_of_one_tier_are_combined_without_double_counting() -> None:
+    (entry,) = combine_replicas([replica("a", 10, 2, 5), replica("b", 20, 3, 4)]).models
+    # The same 4 GPUs and 64 slots, seen by both replicas: counted once.
+    assert (entry.healthy_gpus, entry.total_gpus, entry.total_slots) == (4, 4, 64)
+    assert entry.token_throughput_capacity == 8000
+    # Each replica's own work adds up; what the GPUs report waiting is counted once.
+    assert (entry.busy_slots, entry.free_slots) == (30, 34)
+    assert entry.queued_requests == 5 + 5
+    assert entry.utilisation == pytest.approx(30 / 64)
+
+
+def test_significant_change() -> None:
+    a = zone("a", healthy_gpus=4, utilisation=0.3)
+    assert not significant_change(a, zone("a", healthy_gpus=4, utilisation=0.45))
+    assert significant_change(a, zone("a", healthy_gpus=3, utilisation=0.3))
+    assert significant_change(a, zone("a", healthy_gpus=4, utilisation=0.85))

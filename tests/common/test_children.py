@@ -1,0 +1,84 @@
+"""ChildSet: summaries per replica, staleness, hints, change notifications."""
+
+from common.capacity import decode_hint, encode_hint
+from common.children import Child, ChildSet
+from common.config import Endpoint
+from common.gen.meridian.v1 import capacity_pb2
+
+M = "demo-llm"
+
+
+class Clock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def setup() -> tuple[ChildSet, Child, Clock]:
+    clock = Clock()
+    zone = Child(name="z", endpoint=Endpoint("127.0.0.1", 1), models=frozenset({M}))
+    return ChildSet([zone], probe_interval_s=1, summary_ttl_s=1.5, clock=clock), zone, clock
+
+
+def summary(source: str, seq: int, healthy: int, busy: int = 0) -> capacity_pb2.CapacitySummary:
+    entry = capacity_pb2.ModelCapacity(
+        model=M,
+        healthy_gpus=healthy,
+        total_gpus=4,
+        total_slots=16,
+        busy_slots=busy,
+        free_slots=16 - busy,
+    )
+    return capacity_pb2.CapacitySummary(source_id=source, sequence=seq, models=[entry])
+
+
+def test_stale_summary_reads_as_unknown_never_as_empty() -> None:
+    children, zone, clock = setup()
+    children.take_summary("z", summary("a", 1, healthy=4))
+    assert zone.model_capacity(M, clock.now, 1.5) is not None
+    clock.now += 2.0
+    assert zone.model_capacity(M, clock.now, 1.5) is None
+    assert zone.may_serve(M, clock.now, 1.5)  # unknown: direct evidence decides
+
+
+def test_old_sequence_from_the_same_source_is_ignored() -> None:
+    children, zone, clock = setup()
+    children.take_summary("z", summary("a", 5, healthy=4))
+    children.take_summary("z", summary("a", 4, healthy=0))
+    entry = zone.model_capacity(M, clock.now, 1.5)
+    assert entry is not None and entry.healthy_gpus == 4
+
+
+def test_two_replicas_combined_and_a_silent_one_dropped() -> None:
+    children, zone, clock = setup()
+    children.take_summary("z", summary("a", 1, healthy=4, busy=3))
+    children.take_summary("z", summary("b", 1, healthy=4, busy=5))
+    entry = zone.model_capacity(M, clock.now, 1.5)
+    assert entry is not None and (entry.healthy_gpus, entry.busy_slots) == (4, 8)
+    clock.now += 1.0
+    children.take_summary("z", summary("a", 2, healthy=4, busy=1))
+    clock.now += 1.0  # replica b has been silent for 2 s > TTL
+    children.take_summary("z", summary("a", 3, healthy=4, busy=1))
+    entry = zone.model_capacity(M, clock.now, 1.5)
+    assert entry is not None and entry.busy_slots == 1
+
+
+def test_fresher_hint_wins_over_the_summary() -> None:
+    children, zone, clock = setup()
+    children.take_summary("z", summary("a", 1, healthy=4))
+    clock.now += 0.2
+    hint = capacity_pb2.ModelCapacity(model=M, healthy_gpus=0, total_gpus=4)
+    children.take_hint(zone, decode_hint(encode_hint(hint), M))
+    assert not zone.may_serve(M, clock.now, 1.5)
+
+
+def test_significant_change_notifies_listeners() -> None:
+    children, _, _ = setup()
+    calls: list[int] = []
+    children.add_listener(lambda: calls.append(1))
+    children.take_summary("z", summary("a", 1, healthy=4))
+    children.take_summary("z", summary("a", 2, healthy=4))
+    assert len(calls) == 1  # the first summary; the unchanged one is quiet
+    children.take_summary("z", summary("a", 3, healthy=2))
+    assert len(calls) == 2
