@@ -89,7 +89,11 @@ class RankingBalancer:
                 child.outstanding_requests += 1
                 child.outstanding_work += pick.work_tokens
                 return Lease(child, pick.work_tokens, self.children.clock())
-        raise RouteError.unavailable(self.children.nothing_healthy(pick.model, tried))
+        reason = self.children.nothing_healthy(pick.model, tried, pick.allowed_regions)
+        if pick.allowed_regions:
+            allowed = ", ".join(sorted(pick.allowed_regions))
+            reason = f"data residency: this tenant may be served only in {allowed}; {reason}"
+        raise RouteError.unavailable(reason)
 
     def release(self, lease: Lease, outcome: Outcome) -> None:
         lease.child.outstanding_requests -= 1

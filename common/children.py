@@ -203,11 +203,13 @@ class ChildSet:
             child.hint_at = self.clock()
             child.outstanding_at_report = child.outstanding_requests
 
-    def nothing_healthy(self, model: str, tried: Collection[str] = ()) -> str:
+    def nothing_healthy(
+        self, model: str, tried: Collection[str] = (), only: Collection[str] = ()
+    ) -> str:
         """Why no child can take a request for ``model``: each child and its state."""
         states = []
         for c in self.children:
-            if model not in c.models:
+            if model not in c.models or (only and c.name not in only):
                 continue
             why = "already tried" if c.name in tried else c.last_error or "no capacity"
             states.append(f"{c.name} ({why})")

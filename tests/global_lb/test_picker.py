@@ -162,3 +162,18 @@ def test_availability_uses_the_overprovisioning_factor() -> None:
     assert availability(5, 7) == 1.0  # 71.4% healthy x 1.4
     assert availability(1, 2) == pytest.approx(0.7)
     assert availability(1, 2, ramp=0.5) == pytest.approx(0.35)
+
+
+async def test_residency_error_says_so() -> None:
+    from common.balancer import RankingBalancer
+    from common.children import ChildSet
+    from common.errors import RouteError
+
+    rs = regions()
+    rs[2].healthy = False
+    rs[2].last_error = "health: UNAVAILABLE"
+    balancer = RankingBalancer(seeded(), ChildSet(rs, probe_interval_s=1, summary_ttl_s=TTL))
+    with pytest.raises(RouteError) as err:
+        await balancer.acquire(request(EU, allowed_regions=frozenset({"ap-southeast"})), (), None)
+    assert "data residency" in err.value.message and "ap-southeast" in err.value.message
+    assert "eu-west" not in err.value.message
