@@ -115,6 +115,60 @@ class GlobalConfig:
     location: GeoPoint
 
 
+PRIORITY_ORDER = ("critical", "standard", "sheddable")
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """A customer: its API keys (SHA-256 hex digests only), limits and rights."""
+
+    id: str
+    key_hashes: frozenset[str]
+    priority_ceiling: str = "standard"
+    requests_per_s: float | None = None
+    tokens_per_min: float | None = None
+    max_concurrent: int | None = None
+    # Data residency: the regions it may be served in (empty: any).
+    allowed_regions: frozenset[str] = frozenset()
+    weight: float = 1.0
+
+    def cap_priority(self, asked: str) -> str:
+        """The asked priority, lowered to the tenant's ceiling."""
+        if PRIORITY_ORDER.index(asked) < PRIORITY_ORDER.index(self.priority_ceiling):
+            return self.priority_ceiling
+        return asked
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Who may call the edge. ``enabled: false`` is for a trusted private deployment."""
+
+    enabled: bool = False
+    tenants: tuple[TenantConfig, ...] = ()
+
+    def tenant(self, tenant_id: str) -> TenantConfig | None:
+        for tenant in self.tenants:
+            if tenant.id == tenant_id:
+                return tenant
+        return None
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """Mutual TLS between tiers (and optionally towards clients).
+
+    Every tier serves with ``cert``/``key`` and requires a client certificate
+    signed by ``ca`` from the tier above; every tier calls its children with the
+    same pair. ``client_facing`` makes the global endpoint TLS too (server-side
+    only: clients authenticate with API keys).
+    """
+
+    ca: str
+    cert: str
+    key: str
+    client_facing: bool = False
+
+
 @dataclass(frozen=True)
 class Topology:
     """A whole deployment, as read from one YAML file."""
@@ -131,6 +185,8 @@ class Topology:
     failback_window_s: float = 10.0
     # Measured RTT, client region -> serving region -> ms; overrides distance estimates.
     rtt_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    tls: TlsConfig | None = None
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -208,6 +264,11 @@ class _Node:
         value = self.get(key, kind=list)
         if not value:
             raise ConfigError(f"{self.key_path(key)}: must list at least one entry")
+        return [_Node(item, f"{self.key_path(key)}[{i}]") for i, item in enumerate(value)]
+
+    def get_items(self, key: str) -> list[_Node]:
+        """Like ``items`` but the list may be empty or absent."""
+        value = self.get(key, [], kind=list)
         return [_Node(item, f"{self.key_path(key)}[{i}]") for i, item in enumerate(value)]
 
     def done(self) -> None:
@@ -296,6 +357,89 @@ def _unique(names: list[str], path: str) -> None:
         raise ConfigError(f"{path}: duplicate names {sorted(dup)}")
 
 
+def _tenant(node: _Node, regions: set[str]) -> TenantConfig:
+    keys = node.get("api_key_sha256", kind=list)
+    for i, digest in enumerate(keys):
+        if not (isinstance(digest, str) and len(digest) == 64 and _is_hex(digest)):
+            raise ConfigError(
+                f"{node.key_path('api_key_sha256')}[{i}]: expected a SHA-256 hex digest "
+                "(64 hex characters; `meridian keygen` prints one)"
+            )
+    ceiling = node.get("priority_ceiling", "standard", kind=str)
+    if ceiling not in PRIORITY_ORDER:
+        raise ConfigError(
+            f"{node.key_path('priority_ceiling')}: must be one of {', '.join(PRIORITY_ORDER)}"
+        )
+    allowed = node.get("allowed_regions", [], kind=list)
+    for name in allowed:
+        if name not in regions:
+            raise ConfigError(f"{node.key_path('allowed_regions')}: unknown region {name!r}")
+    limits: dict[str, float | None] = {}
+    for key in ("requests_per_s", "tokens_per_min"):
+        value = node.get(key, None, kind=(int, float, type(None)))
+        if value is not None and (isinstance(value, bool) or value <= 0):
+            raise ConfigError(f"{node.key_path(key)}: must be > 0, got {value!r}")
+        limits[key] = None if value is None else float(value)
+    concurrent = node.get("max_concurrent", None, kind=(int, type(None)))
+    if concurrent is not None and (isinstance(concurrent, bool) or concurrent <= 0):
+        raise ConfigError(f"{node.key_path('max_concurrent')}: must be > 0, got {concurrent!r}")
+    weight = node.get("weight", 1.0, kind=float)
+    _positive(node, "weight", weight)
+    tenant = TenantConfig(
+        id=node.get("id", kind=str),
+        key_hashes=frozenset(d.lower() for d in keys),
+        priority_ceiling=ceiling,
+        requests_per_s=limits["requests_per_s"],
+        tokens_per_min=limits["tokens_per_min"],
+        max_concurrent=concurrent,
+        allowed_regions=frozenset(allowed),
+        weight=weight,
+    )
+    node.done()
+    return tenant
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def _auth(root: _Node, regions: set[str]) -> AuthConfig:
+    if "auth" not in root.raw:
+        root.seen.add("auth")
+        return AuthConfig()
+    node = root.child("auth")
+    enabled = node.get("enabled", kind=bool)
+    tenants = tuple(_tenant(t, regions) for t in node.get_items("tenants"))
+    node.done()
+    _unique([t.id for t in tenants], "auth.tenants")
+    seen: set[str] = set()
+    for tenant in tenants:
+        if seen & tenant.key_hashes:
+            raise ConfigError(f"auth.tenants: an API key is shared by two tenants ({tenant.id})")
+        seen |= tenant.key_hashes
+    if enabled and not tenants:
+        raise ConfigError("auth.tenants: authentication is enabled but no tenant is configured")
+    return AuthConfig(enabled=enabled, tenants=tenants)
+
+
+def _tls(root: _Node) -> TlsConfig | None:
+    if "tls" not in root.raw:
+        root.seen.add("tls")
+        return None
+    node = root.child("tls")
+    tls = TlsConfig(
+        ca=node.get("ca", kind=str),
+        cert=node.get("cert", kind=str),
+        key=node.get("key", kind=str),
+        client_facing=node.get("client_facing", False, kind=bool),
+    )
+    node.done()
+    for key in ("ca", "cert", "key"):
+        if not Path(getattr(tls, key)).is_file():
+            raise ConfigError(f"tls.{key}: no such file {getattr(tls, key)!r}")
+    return tls
+
+
 def _rtt_matrix(root: _Node, regions: set[str]) -> dict[str, dict[str, float]]:
     raw = root.get("rtt_ms", {}, kind=dict)
     matrix: dict[str, dict[str, float]] = {}
@@ -364,6 +508,8 @@ def topology_from_mapping(raw: Any) -> Topology:
     if failback < 0:
         raise ConfigError(f"failback_window_s: must be >= 0, got {failback}")
     rtt = _rtt_matrix(root, {r.name for r in regions})
+    auth = _auth(root, {r.name for r in regions})
+    tls = _tls(root)
     topology = Topology(
         global_tier=global_tier,
         regions=tuple(regions),
@@ -375,6 +521,8 @@ def topology_from_mapping(raw: Any) -> Topology:
         slow_start_window_s=slow_start,
         failback_window_s=failback,
         rtt_ms=rtt,
+        auth=auth,
+        tls=tls,
     )
     root.done()
     return topology
