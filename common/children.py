@@ -107,8 +107,11 @@ class ChildSet:
         kind: str = "child",
         probe: bool = True,
         clock: Clock = time.monotonic,
+        credentials: grpc.ChannelCredentials | None = None,
     ) -> None:
         self.children = tuple(children)
+        # TLS towards the children (common.tls.tier_channel_credentials); None: plaintext.
+        self.credentials = credentials
         self.kind = kind
         # False when another component (the local tier's BackendMonitor) checks health.
         self.probe = probe
@@ -134,7 +137,13 @@ class ChildSet:
 
     async def start(self) -> None:
         for child in self.children:
-            channel = grpc.aio.insecure_channel(child.endpoint.address, options=CHANNEL_OPTIONS)
+            address = child.endpoint.address
+            if self.credentials is None:
+                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            else:
+                channel = grpc.aio.secure_channel(
+                    address, self.credentials, options=CHANNEL_OPTIONS
+                )
             self._channels.append(channel)
             child.stub = pb_grpc.GRPCInferenceServiceStub(channel)
         if self.probe:

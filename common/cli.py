@@ -113,6 +113,10 @@ def _run_up(args: argparse.Namespace) -> None:
                 gpus = ", ".join(f"{g.name.rsplit('-', 1)[-1]}:{g.hardware}" for g in zone.gpus)
                 print(f"  zone     {zone.name:<14} local tier {zone.endpoint}  gpus {gpus}")
         print(f"policy     {args.policy} (every local tier)")
+        if topo.tls is not None:
+            print(f"mtls       between tiers; certificates in {Path(topo.tls.ca).parent}")
+        for tenant_id, key in fleet.tenant_keys.items():
+            print(f"tenant {tenant_id} key {key}")
         print(f"global     listening {fleet.global_address}  (KServe V2 gRPC, model demo-llm)")
         print("ready; Ctrl-C stops everything", flush=True)
         while not stop:
@@ -137,8 +141,18 @@ def _run_loadgen(args: argparse.Namespace) -> None:
             concurrency=args.concurrency,
             max_tokens=args.max_tokens,
             stream_share=args.stream_share,
+            api_key=args.api_key,
         )
     )
+
+
+def _run_keygen(args: argparse.Namespace) -> None:
+    from common.auth import new_key
+
+    key, digest = new_key()
+    print(f"key     {key}")
+    print(f"sha256  {digest}")
+    print("give the key to the tenant; put the sha256 in auth.tenants[].api_key_sha256")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -165,9 +179,13 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--redis", help="use this Redis instead of starting an embedded one")
     up.add_argument("--time-scale", type=float, default=None)
     up.add_argument("--policy", default="default", help="GPU picking policy of every local tier")
+    sub.add_parser("keygen", help="print a new API key and the SHA-256 to configure")
+    usage = sub.add_parser("usage", help="sum usage records per tenant and model", add_help=False)
+    usage.add_argument("rest", nargs=argparse.REMAINDER)
     load = sub.add_parser("loadgen", help="send a bounded run of requests and report")
     load.add_argument("--target", default="127.0.0.1:8001")
     load.add_argument("--model", default="demo-llm")
+    load.add_argument("--api-key", help="tenant API key (sent as 'authorization: Bearer')")
     load.add_argument("--requests", type=int, default=300)
     load.add_argument("--concurrency", type=int, default=16)
     load.add_argument("--max-tokens", type=int, default=16)
@@ -197,6 +215,12 @@ def main(argv: list[str] | None = None) -> None:
             _run_up(args)
         elif args.command == "loadgen":
             _run_loadgen(args)
+        elif args.command == "keygen":
+            _run_keygen(args)
+        elif args.command == "usage":
+            from common.usage import usage_main
+
+            raise SystemExit(usage_main(args.rest))
     except ConfigError as exc:
         print(f"meridian: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

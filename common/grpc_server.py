@@ -35,11 +35,19 @@ class V2Server:
 
     ``start()`` binds (port 0 picks a free port; ``port`` tells which) and
     ``stop(grace)`` stops accepting, lets in-flight calls finish for ``grace``
-    seconds, then cancels the rest.
+    seconds, then cancels the rest. With ``credentials`` the port serves TLS
+    (see ``common.tls``), else plaintext.
     """
 
-    def __init__(self, servicer: pb_grpc.GRPCInferenceServiceServicer, endpoint: Endpoint) -> None:
+    def __init__(
+        self,
+        servicer: pb_grpc.GRPCInferenceServiceServicer,
+        endpoint: Endpoint,
+        *,
+        credentials: grpc.ServerCredentials | None = None,
+    ) -> None:
         self.endpoint = endpoint
+        self.credentials = credentials
         self.port = endpoint.port
         self.health = health.aio.HealthServicer()
         self._server = grpc.aio.server(options=SERVER_OPTIONS)
@@ -54,7 +62,10 @@ class V2Server:
         return Endpoint(self.endpoint.host, self.port).address
 
     async def start(self) -> None:
-        self.port = self._server.add_insecure_port(self.endpoint.address)
+        if self.credentials is None:
+            self.port = self._server.add_insecure_port(self.endpoint.address)
+        else:
+            self.port = self._server.add_secure_port(self.endpoint.address, self.credentials)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.endpoint.address}: address in use or invalid")
         await self._server.start()

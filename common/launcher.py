@@ -7,7 +7,9 @@ its own process so that killing one is a real failure. Port 0 in the fleet
 file is resolved to a free loopback port first, and the resolved topology is
 written beside the logs for every process to read. Each child asks the kernel
 to end it when the launcher dies (PR_SET_PDEATHSIG, set by the child at start),
-so even a killed launcher leaves no process behind.
+so even a killed launcher leaves no process behind. With ``tls`` (the default)
+a fresh PKI is generated into ``<run_dir>/pki`` and the tiers talk mutual TLS
+(see ``common.tls``); the global endpoint stays plaintext for clients.
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from typing import IO, Any
 import grpc
 import yaml
 
+from common.auth import new_key
 from common.config import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.redis_embed import EmbeddedRedis, free_port
+from common.tls import generate_pki, tier_channel_credentials
 
 DEMO_FLEET = Path(__file__).resolve().parent.parent / "deploy" / "demo-fleet.yaml"
 _PR_SET_PDEATHSIG = 1
@@ -75,6 +79,21 @@ def resolve_ports(raw: dict[str, Any]) -> dict[str, Any]:
     return resolved
 
 
+def generate_tenant_keys(raw: dict[str, Any]) -> dict[str, str]:
+    """Replace each tenant's ``api_key: generate`` with a fresh key's SHA-256.
+
+    Returns the keys by tenant id: the only place they exist (print them once).
+    """
+    keys: dict[str, str] = {}
+    for tenant in (raw.get("auth") or {}).get("tenants") or []:
+        if tenant.get("api_key") == "generate":
+            del tenant["api_key"]
+            key, digest = new_key()
+            tenant.setdefault("api_key_sha256", []).append(digest)
+            keys[str(tenant.get("id"))] = key
+    return keys
+
+
 @dataclass
 class TierProcess:
     """One launched process and how to start it again."""
@@ -112,7 +131,14 @@ class TierProcess:
 
 
 class Fleet:
-    """A whole Meridian deployment on this machine; ``start()`` / ``stop()``."""
+    """A whole Meridian deployment on this machine; ``start()`` / ``stop()``.
+
+    ``tls=True`` generates a PKI into ``<run_dir>/pki`` and sets the topology's
+    ``tls`` (``client_facing`` False) unless the fleet file has its own ``tls``
+    section; ``tls=False`` runs plaintext everywhere, dropping any such section.
+    A direct call to an inner tier must then present the tier certificate:
+    ``credentials_for(name)`` gives the channel credentials for any process.
+    """
 
     def __init__(
         self,
@@ -122,6 +148,7 @@ class Fleet:
         overrides: dict[str, Any] | None = None,
         redis_url: str | None = None,
         policy: str = "default",
+        tls: bool = True,
     ) -> None:
         self.policy = policy
         raw = yaml.safe_load(Path(fleet_file).read_text())
@@ -130,8 +157,15 @@ class Fleet:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.redis = None if redis_url else EmbeddedRedis()
         raw["redis_url"] = redis_url or self.redis.url  # type: ignore[union-attr]
+        if not tls:
+            raw.pop("tls", None)
+        elif "tls" not in raw:
+            pki = generate_pki(self.run_dir / "pki")
+            raw["tls"] = {"ca": pki.ca, "cert": pki.cert, "key": pki.key, "client_facing": False}
+        self.tenant_keys = generate_tenant_keys(raw)
         self.raw = resolve_ports(raw)
         self.topology: Topology = topology_from_mapping(self.raw)
+        self._tier_credentials = tier_channel_credentials(self.topology.tls)
         self.config_path = self.run_dir / "topology.yaml"
         self.config_path.write_text(yaml.safe_dump(self.raw, sort_keys=False))
         self.processes: dict[str, TierProcess] = {}
@@ -165,6 +199,15 @@ class Fleet:
                     return zone.endpoint.address
         raise KeyError(name)
 
+    def credentials_for(self, name: str) -> grpc.ChannelCredentials | None:
+        """How to call launched process ``name``: None (plaintext) for GPU workers,
+        for the global tier unless its endpoint is client-facing TLS, and for
+        every tier when the fleet runs without TLS; else the tier certificate."""
+        tls = self.topology.tls
+        if name.startswith("worker-") or (name == "global" and tls and not tls.client_facing):
+            return None
+        return self._tier_credentials
+
     @property
     def global_address(self) -> str:
         return self.topology.global_tier.endpoint.address
@@ -188,8 +231,9 @@ class Fleet:
 
     def _wait_ready(self, proc: TierProcess, deadline: float) -> None:
         """Until ``proc`` serves: ServerReady=true for tiers, every GPU port for workers."""
+        credentials = self.credentials_for(proc.name)
         for address in self._addresses(proc.name):
-            while not _ready(address):
+            while not _ready(address, credentials):
                 if not proc.alive():
                     raise RuntimeError(f"{proc.name} exited at start; see {proc.log_path}")
                 if time.monotonic() > deadline:
@@ -226,8 +270,12 @@ class Fleet:
             self.redis.close()
 
 
-def _ready(address: str) -> bool:
-    with grpc.insecure_channel(address) as channel:
+def _ready(address: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
+    if credentials is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        channel = grpc.secure_channel(address, credentials)
+    with channel:
         try:
             reply = pb_grpc.GRPCInferenceServiceStub(channel).ServerReady(
                 pb.ServerReadyRequest(), timeout=0.5

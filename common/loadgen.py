@@ -90,12 +90,13 @@ async def _one(
     max_tokens: int,
     stream: bool,
     report: LoadReport,
+    auth: tuple[tuple[str, str], ...],
 ) -> None:
     city = rng.choice(list(CITIES))
     lat, lon = CITIES[city]
     prompt = " ".join(rng.choice(PROMPT_WORDS) for _ in range(rng.randint(8, 64)))
     request = generate_request(model, prompt, max_tokens)
-    metadata = ((CLIENT_GEO, f"{lat},{lon}"),)
+    metadata = ((CLIENT_GEO, f"{lat},{lon}"), *auth)
     start = time.perf_counter()
     try:
         if stream:
@@ -126,10 +127,12 @@ async def run_loadgen(
     stream_share: float = 0.25,
     seed: int = 7,
     quiet: bool = False,
+    api_key: str | None = None,
 ) -> LoadReport:
     """Send exactly ``requests`` requests, at most ``concurrency`` at a time."""
     rng = random.Random(seed)
     report = LoadReport()
+    auth = (("authorization", f"Bearer {api_key}"),) if api_key else ()
     queue: asyncio.Queue[bool] = asyncio.Queue()
     for _ in range(requests):
         queue.put_nowait(rng.random() < stream_share)
@@ -140,7 +143,7 @@ async def run_loadgen(
         async def worker() -> None:
             while not queue.empty():
                 stream = queue.get_nowait()
-                await _one(stub, rng, model, max_tokens, stream, report)
+                await _one(stub, rng, model, max_tokens, stream, report, auth)
                 if not quiet:
                     _progress(sum(report.statuses.values()), requests)
 

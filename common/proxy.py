@@ -26,10 +26,12 @@ from typing import Any
 
 import grpc
 
+from common.admission import Admission
 from common.attempts import Attempts, Failover, passable, with_route
 from common.balancer import Balancer, Lease, Outcome
 from common.capacity import CAPACITY_HINT, encode_hint
 from common.children import Child, ChildSet
+from common.config import AuthConfig
 from common.errors import RouteError
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
@@ -72,6 +74,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         *,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
+        admission: Admission | None = None,
     ) -> None:
         self.spec = spec
         self.children = children
@@ -80,6 +83,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         self.retry_budget = RetryBudget()
         self.rng = rng or random.Random()
         self.clock = clock
+        self.admission = admission or Admission(AuthConfig())
         # This tier's newest view of a model, returned to the tier above as a hint.
         self.hint_source: Callable[[str], ModelCapacity | None] = lambda model: None
 
@@ -108,9 +112,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         try:
             hints = self.hints(context)
             pick = self.pick_request(request.name, request.version, hints, None)
-            response: pb.ModelMetadataResponse = await self._forward_unary(
-                "ModelMetadata", request, pick, hints, context
-            )
+            response, _ = await self._forward_unary("ModelMetadata", request, pick, hints, context)
             return response
         except RouteError as err:
             await self.abort(context, err, request.name)
@@ -121,27 +123,74 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
+        started = self.clock()
+        hints: RouteHints | None = None
+        pick: PickRequest | None = None
+        code, route, tokens = grpc.StatusCode.UNKNOWN, "", 0
         try:
-            gen = parse_generate(request)
             hints = self.hints(context)
+            gen = parse_generate(request)
             pick = self.pick_request(gen.model, gen.version, hints, gen)
-            response: pb.ModelInferResponse = await self._forward_unary(
-                "ModelInfer", request, pick, hints, context
-            )
+            release = await self.admission.admit(hints, pick)
+            try:
+                response, route = await self._forward_unary(
+                    "ModelInfer", request, pick, hints, context
+                )
+            finally:
+                release()
+            code, tokens = grpc.StatusCode.OK, pick.max_tokens
             return response
         except RouteError as err:
+            code = err.code
             await self.abort(context, err, request.model_name)
             raise
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            if hints is not None:
+                self.admission.record(
+                    hints,
+                    pick,
+                    request.model_name,
+                    route,
+                    code,
+                    started,
+                    tokens,
+                    trace_id(hints),
+                )
 
     async def ModelStreamInfer(
         self,
         request_iterator: AsyncIterator[pb.ModelInferRequest],
         context: grpc.aio.ServicerContext,
     ) -> None:
+        started = self.clock()
+        forward: StreamForward | None = None
+        code = grpc.StatusCode.UNKNOWN
         try:
-            await StreamForward(self, self.hints(context), context).run(request_iterator)
+            forward = StreamForward(self, self.hints(context), context)
+            await forward.run(request_iterator)
+            code = grpc.StatusCode.OK
         except RouteError as err:
+            code = err.code
             await context.abort(err.code, err.message, trailing_metadata=err.trailers)
+        except asyncio.CancelledError:
+            code = grpc.StatusCode.CANCELLED
+            raise
+        finally:
+            if forward is not None:
+                pick = forward.pick
+                self.admission.record(
+                    forward.hints,
+                    pick,
+                    pick.model if pick else "",
+                    forward.route,
+                    code,
+                    started,
+                    forward.responses,
+                    trace_id(forward.hints),
+                )
 
     # ------------------------------------------------------------------ shared mechanics
 
@@ -156,7 +205,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         return encode_hint(entry) if entry is not None else None
 
     def hints(self, context: grpc.aio.ServicerContext) -> RouteHints:
-        return parse_hints(context.invocation_metadata(), trust_internal=self.spec.trust_internal)
+        metadata = context.invocation_metadata()
+        hints = parse_hints(metadata, trust_internal=self.spec.trust_internal)
+        return self.admission.identify(metadata, hints)
 
     def pick_request(
         self, model: str, version: str, hints: RouteHints, gen: GenerateRequest | None
@@ -179,6 +230,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             max_tokens=gen.max_tokens if gen else 0,
             tenant=hints.tenant,
             client_region=hints.client_region,
+            allowed_regions=hints.allowed_regions,
             prefix_blocks=blocks,
         )
 
@@ -254,7 +306,8 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         pick: PickRequest,
         hints: RouteHints,
         context: grpc.aio.ServicerContext,
-    ) -> Any:
+    ) -> tuple[Any, str]:
+        """The child's response and the route it took."""
         attempts = Attempts()
         self.retry_budget.request_started()
         try:
@@ -279,13 +332,21 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
                         self.settle(lease, grpc.StatusCode.CANCELLED, ())
                         raise
                     self.settle(lease, grpc.StatusCode.OK, trailers)
+                    route = self.route_of(lease.child, trailers)
                     context.set_trailing_metadata(
-                        with_route(
-                            trailers, self.route_of(lease.child, trailers), self.hint(pick.model)
-                        )
+                        with_route(trailers, route, self.hint(pick.model))
                     )
-                    return response
+                    return response, route
                 finally:
                     self.end_attempt(attempts)
         finally:
             self.retry_budget.request_finished()
+
+
+def trace_id(hints: RouteHints) -> str:
+    """The W3C trace id of the request's ``traceparent``, if it sent one."""
+    for key, value in hints.passed_down:
+        if key == "traceparent":
+            parts = value.split("-")
+            return parts[1] if len(parts) >= 2 else ""
+    return ""

@@ -51,6 +51,8 @@ class RouteHints:
     passed_down: tuple[tuple[str, str], ...]
     tenant: str = ""
     prefix_blocks: tuple[int, ...] = ()
+    # Data residency of the tenant (set at the edge, never sent between tiers).
+    allowed_regions: frozenset[str] = frozenset()
 
     def downstream_metadata(
         self, origin: GeoPoint | None, attempt: int, prefix_blocks: tuple[int, ...] = ()

@@ -44,6 +44,10 @@ class StreamForward:
         self.pick: PickRequest | None = None
         self.replay: list[pb.ModelInferRequest] | None = []
         self.client_done = False
+        # What the stream delivered, for its usage record.
+        self.route = ""
+        self.responses = 0
+        self.release: Any = None
         self.upstream_ready = asyncio.Event()
         self.lock = asyncio.Lock()
         self.write_lock = asyncio.Lock()
@@ -62,6 +66,8 @@ class StreamForward:
             self._settle(grpc.StatusCode.CANCELLED, ())
             self.proxy.end_attempt(self.attempts)
             self.proxy.retry_budget.request_finished()
+            if self.release is not None:
+                self.release()
 
     async def _write(self, response: pb.ModelStreamInferResponse) -> None:
         async with self.write_lock:
@@ -73,7 +79,9 @@ class StreamForward:
                 try:
                     gen = parse_generate(request)
                     if self.pick is None:
-                        self.pick = self.proxy.pick_request(gen.model, gen.version, self.hints, gen)
+                        pick = self.proxy.pick_request(gen.model, gen.version, self.hints, gen)
+                        self.release = await self.proxy.admission.admit(self.hints, pick)
+                        self.pick = pick
                         async with self.lock:
                             await self._open_next()
                     elif gen.model not in self.proxy.models:
@@ -132,14 +140,14 @@ class StreamForward:
             try:
                 async for response in call:
                     self.replay = None  # a byte went back: no failover from here on
+                    self.responses += 1
                     await self._write(response)
                 trailers = await call.trailing_metadata()
                 self._settle(grpc.StatusCode.OK, trailers)
+                self.route = self.proxy.route_of(lease.child, trailers)
                 self.context.set_trailing_metadata(
                     with_route(
-                        trailers,
-                        self.proxy.route_of(lease.child, trailers),
-                        self.proxy.hint(self.pick.model if self.pick else ""),
+                        trailers, self.route, self.proxy.hint(self.pick.model if self.pick else "")
                     )
                 )
                 await reader

@@ -16,6 +16,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import grpc
+
+from common.admission import Admission
 from common.balancer import Balancer
 from common.capacity import CapacityPublisher, CapacityReader
 from common.children import ChildSet
@@ -77,13 +80,18 @@ class TierServer:
     publisher: CapacityPublisher | None = None
     reader: CapacityReader | None = None
     services: list[Service] = field(default_factory=list)
+    admission: Admission | None = None
+    # TLS for the served port (common.tls.tier_server_credentials); None: plaintext.
+    credentials: grpc.ServerCredentials | None = None
 
     def __post_init__(self) -> None:
-        self.proxy = InferenceProxy(self.spec, self.children, self.balancer)
+        self.proxy = InferenceProxy(
+            self.spec, self.children, self.balancer, admission=self.admission
+        )
         self._ready = True
         self._started = False
         self._pending: set[asyncio.Task[None]] = set()
-        self.server = V2Server(self.proxy, self.endpoint)
+        self.server = V2Server(self.proxy, self.endpoint, credentials=self.credentials)
         if self.publisher is not None:
             self.children.add_listener(self.publisher.poke)
             self.proxy.hint_source = self.publisher.latest_entry
@@ -107,6 +115,8 @@ class TierServer:
         if self.reader is not None:
             self.reader.start()
         await self.children.start()
+        if self.admission is not None:
+            await self.admission.start()
         for service in self.services:
             await service.start()
         await self.server.start()
@@ -124,6 +134,8 @@ class TierServer:
             await self.reader.stop()
         for service in reversed(self.services):
             await service.stop()
+        if self.admission is not None:
+            await self.admission.stop()
         await self.children.stop()
 
     async def serve_until(self, stop_event: asyncio.Event, grace: float = 5.0) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from common.admission import edge_admission
 from common.balancer import RankingBalancer
 from common.capacity import CapacityReader, region_stream
 from common.children import Child, ChildSet
@@ -12,6 +13,7 @@ from common.proxy import TierSpec
 from common.resilience import SlowStartConfig
 from common.routing import CLIENT_REGION, RouteHints
 from common.tier import TierServer
+from common.tls import tier_channel_credentials, tier_server_credentials
 from global_lb.picker import RegionPicker
 
 
@@ -25,6 +27,7 @@ def build_global_tier(topology: Topology) -> TierServer:
         probe_interval_s=topology.health_interval_s,
         summary_ttl_s=topology.summary_ttl_s,
         kind="region",
+        credentials=tier_channel_credentials(topology.tls),
     )
     reader = CapacityReader(
         topology.redis_url,
@@ -60,4 +63,12 @@ def build_global_tier(topology: Topology) -> TierServer:
         failback=SlowStartConfig(window_s=topology.failback_window_s),
     )
     balancer = RankingBalancer(picker, regions)
-    return TierServer(spec, regions, balancer, topology.global_tier.endpoint, reader=reader)
+    return TierServer(
+        spec,
+        regions,
+        balancer,
+        topology.global_tier.endpoint,
+        reader=reader,
+        credentials=tier_server_credentials(topology.tls, edge=True),
+        admission=edge_admission(topology.auth, topology.redis_url),
+    )

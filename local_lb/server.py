@@ -7,6 +7,7 @@ import time
 
 import grpc
 
+from common.admission import inner_admission
 from common.capacity import CapacityPublisher, zone_stream
 from common.children import ChildSet
 from common.config import ConfigError, GpuConfig, Topology
@@ -15,6 +16,7 @@ from common.proxy import TierSpec
 from common.resilience import SlowStartConfig
 from common.routing import RouteHints
 from common.tier import Ticker, TierServer, source_id
+from common.tls import tier_server_credentials
 from local_lb.balancer import LocalBalancer
 from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.policies import make_picker
@@ -138,6 +140,8 @@ def build_local_tier(
     )
 
     balancer.on_significant_change = publisher.poke
+    for tenant in topology.auth.tenants:
+        balancer.queue.set_weight(tenant.id, tenant.weight)
 
     def origin(hints: RouteHints) -> None:
         return None  # the local tier's choice does not depend on geography
@@ -157,4 +161,8 @@ def build_local_tier(
         zone_cfg.endpoint,
         publisher=publisher,
         services=[monitor, Ticker(balancer.refresh_all, topology.health_interval_s / 2)],
+        # Mutual TLS towards the regional tier; GPU workers stay plaintext (outside the
+        # router's trust domain).
+        credentials=tier_server_credentials(topology.tls, edge=False),
+        admission=inner_admission(topology.auth),
     )

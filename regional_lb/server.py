@@ -3,6 +3,7 @@ summaries, publishes the region's."""
 
 from __future__ import annotations
 
+from common.admission import inner_admission
 from common.balancer import RankingBalancer
 from common.capacity import CapacityPublisher, CapacityReader, aggregate, region_stream, zone_stream
 from common.children import Child, ChildSet
@@ -13,6 +14,7 @@ from common.proxy import TierSpec
 from common.resilience import SlowStartConfig
 from common.routing import RouteHints
 from common.tier import TierServer, source_id
+from common.tls import tier_channel_credentials, tier_server_credentials
 from regional_lb.picker import ZonePicker
 
 
@@ -53,6 +55,7 @@ def build_regional_tier(topology: Topology, region: str) -> TierServer:
         probe_interval_s=topology.health_interval_s,
         summary_ttl_s=topology.summary_ttl_s,
         kind="zone",
+        credentials=tier_channel_credentials(topology.tls),
     )
     reader = CapacityReader(
         topology.redis_url,
@@ -84,5 +87,12 @@ def build_regional_tier(topology: Topology, region: str) -> TierServer:
     )
     balancer = RankingBalancer(picker, zones)
     return TierServer(
-        spec, zones, balancer, region_cfg.endpoint, publisher=publisher, reader=reader
+        spec,
+        zones,
+        balancer,
+        region_cfg.endpoint,
+        publisher=publisher,
+        reader=reader,
+        credentials=tier_server_credentials(topology.tls, edge=False),
+        admission=inner_admission(topology.auth),
     )

@@ -32,6 +32,8 @@ def demo_fleet_spec() -> dict[str, Any]:
     spec: dict[str, Any] = yaml.safe_load(DEMO_FLEET.read_text())
     spec["global"]["listen"] = "127.0.0.1:0"
     spec["time_scale"] = TEST_TIME_SCALE
+    # Routing tests call without API keys; tests/e2e/test_tenants.py turns auth on.
+    spec["auth"] = {"enabled": False, "tenants": []}
     return spec
 
 

@@ -5,23 +5,63 @@ from typing import Any
 import pytest
 import yaml
 
+from common.auth import hash_key
 from common.config import ConfigError, load_topology, topology_from_mapping
-from common.launcher import DEMO_FLEET
+from common.launcher import DEMO_FLEET, generate_tenant_keys
 
 
 def demo() -> dict[str, Any]:
-    raw: dict[str, Any] = yaml.safe_load(DEMO_FLEET.read_text())
-    return copy.deepcopy(raw)
+    """The demo fleet file as the launcher hands it over (tenant keys generated)."""
+    raw: dict[str, Any] = copy.deepcopy(yaml.safe_load(DEMO_FLEET.read_text()))
+    generate_tenant_keys(raw)
+    return raw
 
 
 def test_demo_fleet_loads() -> None:
-    topo = load_topology(DEMO_FLEET)
+    topo = topology_from_mapping(demo())
     assert [r.name for r in topo.regions] == ["us-east", "eu-west", "ap-southeast"]
     assert all(len(r.zones) == 2 for r in topo.regions)
     assert all(len(z.gpus) == 4 for r in topo.regions for z in r.zones)
     assert topo.models == {"demo-llm"}
     assert topo.global_tier.endpoint.address == "127.0.0.1:8001"
     assert topo.summary_ttl_s == pytest.approx(3 * topo.summary_cadence_s)
+    assert topo.auth.enabled
+    free = topo.auth.tenant("free-tier")
+    assert free is not None and free.requests_per_s == 3
+    assert free.allowed_regions == {"us-east", "eu-west"}
+
+
+def test_launcher_keys_are_stored_only_as_hashes() -> None:
+    raw = copy.deepcopy(yaml.safe_load(DEMO_FLEET.read_text()))
+    keys = generate_tenant_keys(raw)
+    assert set(keys) == {"demo", "free-tier"}
+    text = yaml.safe_dump(raw)
+    assert all(key not in text for key in keys.values())
+    assert hash_key(keys["demo"]) in text
+
+
+def test_plain_api_key_in_topology_is_refused() -> None:
+    raw = demo()
+    raw["auth"]["tenants"][0]["api_key"] = "secret"
+    with pytest.raises(ConfigError, match=r"^auth\.tenants\[0\]\.api_key: unknown key"):
+        topology_from_mapping(raw)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "key_path"),
+    [
+        (lambda t: t.update(priority_ceiling="vip"), "auth.tenants[0].priority_ceiling"),
+        (lambda t: t.update(allowed_regions=["mars"]), "auth.tenants[0].allowed_regions"),
+        (lambda t: t.update(requests_per_s=0), "auth.tenants[0].requests_per_s"),
+        (lambda t: t.update(api_key_sha256=["abc"]), "auth.tenants[0].api_key_sha256[0]"),
+    ],
+)
+def test_bad_tenant_value_names_its_key(mutate: Any, key_path: str) -> None:
+    raw = demo()
+    mutate(raw["auth"]["tenants"][0])
+    with pytest.raises(ConfigError) as err:
+        topology_from_mapping(raw)
+    assert str(err.value).startswith(key_path)
 
 
 def test_gpu_speed_is_hardware_times_throttle() -> None:

@@ -1,0 +1,99 @@
+"""Identity at the edge: API keys to tenants, and what a tenant may ask for.
+
+Keys are never stored: the configuration holds their SHA-256 digests, and a
+presented key is hashed and looked up. A missing, malformed or unknown key is
+UNAUTHENTICATED. A tenant asking for what it may not have — a priority above
+its ceiling, a client region outside its allowed regions — is
+PERMISSION_DENIED; a tenant that asks for no priority gets ``standard``
+lowered to its ceiling. Turning authentication off (``auth.enabled: false``)
+is an explicit choice for a trusted private deployment: every request is then
+the ``anonymous`` tenant with no limits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import secrets
+
+import grpc
+
+from common.config import PRIORITY_ORDER, AuthConfig, TenantConfig
+from common.errors import RouteError
+from common.routing import PRIORITY, RouteHints
+
+AUTHORIZATION = "authorization"
+ANONYMOUS = TenantConfig(id="anonymous", key_hashes=frozenset())
+KEY_PREFIX = "mk_"
+
+
+def hash_key(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def new_key() -> tuple[str, str]:
+    """A fresh API key and the SHA-256 digest to put in the configuration."""
+    key = KEY_PREFIX + secrets.token_urlsafe(24)
+    return key, hash_key(key)
+
+
+class Authenticator:
+    """Maps ``authorization: Bearer <key>`` to a tenant and checks what it asks for."""
+
+    def __init__(self, auth: AuthConfig) -> None:
+        self.enabled = auth.enabled
+        self._by_hash = {digest: t for t in auth.tenants for digest in t.key_hashes}
+
+    def tenant(self, metadata: object) -> TenantConfig:
+        """The caller's tenant; UNAUTHENTICATED when it cannot be established."""
+        if not self.enabled:
+            return ANONYMOUS
+        value = None
+        for key, item in metadata or ():  # type: ignore[attr-defined]
+            if key == AUTHORIZATION:
+                value = item
+        if value is None:
+            raise RouteError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing 'authorization: Bearer <api key>' metadata",
+            )
+        if not isinstance(value, str) or not value.startswith("Bearer ") or len(value) > 512:
+            raise RouteError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "metadata 'authorization' must be 'Bearer <api key>'",
+            )
+        tenant = self._by_hash.get(hash_key(value[len("Bearer ") :].strip()))
+        if tenant is None:
+            raise RouteError(grpc.StatusCode.UNAUTHENTICATED, "API key not recognised")
+        return tenant
+
+    @staticmethod
+    def authorise(tenant: TenantConfig, hints: RouteHints, asked_priority: bool) -> RouteHints:
+        """Hints as this tenant may have them; PERMISSION_DENIED for what it may not."""
+        priority = hints.priority
+        ceiling = tenant.priority_ceiling
+        if PRIORITY_ORDER.index(priority) < PRIORITY_ORDER.index(ceiling):
+            if asked_priority and tenant is not ANONYMOUS:
+                raise RouteError(
+                    grpc.StatusCode.PERMISSION_DENIED,
+                    f"tenant '{tenant.id}' may not use priority '{priority}' "
+                    f"(its ceiling is '{ceiling}')",
+                )
+            priority = ceiling
+        region = hints.client_region
+        if tenant.allowed_regions and region is not None and region not in tenant.allowed_regions:
+            raise RouteError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"tenant '{tenant.id}' may be served only in "
+                f"{', '.join(sorted(tenant.allowed_regions))}, not {region!r}",
+            )
+        return dataclasses.replace(
+            hints,
+            tenant=tenant.id,
+            priority=priority,
+            allowed_regions=tenant.allowed_regions,
+        )
+
+
+def asked_priority(metadata: object) -> bool:
+    return any(key == PRIORITY for key, _ in metadata or ())  # type: ignore[attr-defined]

@@ -1,0 +1,429 @@
+import asyncio
+import dataclasses
+import json
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+
+import pytest
+import redis
+
+from common.redis_embed import EmbeddedRedis, free_port
+from common.usage import (
+    UsageRecord,
+    UsageRecorder,
+    UsageTotals,
+    parse_time,
+    summarise,
+    usage_main,
+)
+
+STATUSES = ("OK", "OK", "OK", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
+TENANTS = ("acme", "globex", "initech")
+MODELS = ("demo-llm", "demo-llm@2")
+# An hour ago: a record is always written after it finished (see summarise's docstring).
+BASE_MS = int(time.time() * 1000) - 3_600_000
+
+
+@pytest.fixture
+def stream() -> str:
+    return f"test:usage:{uuid.uuid4().hex}"
+
+
+@pytest.fixture
+def sync_redis(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        yield client
+    finally:
+        client.close()
+
+
+def make_record(i: int, *, finished_at_ms: int | None = None, request_id: str = "") -> UsageRecord:
+    return UsageRecord(
+        tenant=TENANTS[i % len(TENANTS)],
+        model=MODELS[i % len(MODELS)],
+        region="eu-west",
+        zone="eu-west-1a",
+        gpu=f"gpu-{i % 4}",
+        prompt_tokens=100 + i,
+        completion_tokens=i % 17,
+        gpu_seconds=0.001 * i + 0.1,
+        status=STATUSES[i % len(STATUSES)],
+        trace_id=f"{i:032x}",
+        request_id=request_id or uuid.uuid4().hex,
+        finished_at_ms=BASE_MS + i if finished_at_ms is None else finished_at_ms,
+    )
+
+
+def expected_totals(records: list[UsageRecord]) -> dict[tuple[str, str], UsageTotals]:
+    totals: dict[tuple[str, str], UsageTotals] = {}
+    for rec in records:
+        totals.setdefault((rec.tenant, rec.model), UsageTotals()).add(rec)
+    return totals
+
+
+def assert_totals_equal(
+    got: dict[tuple[str, str], UsageTotals], want: dict[tuple[str, str], UsageTotals]
+) -> None:
+    assert got.keys() == want.keys()
+    for key, w in want.items():
+        g = got[key]
+        assert (g.requests, g.ok_requests, g.prompt_tokens, g.completion_tokens, g.statuses) == (
+            w.requests,
+            w.ok_requests,
+            w.prompt_tokens,
+            w.completion_tokens,
+            w.statuses,
+        ), key
+        assert g.gpu_seconds == pytest.approx(w.gpu_seconds, abs=1e-6), key
+
+
+async def _until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not cond():
+        assert time.monotonic() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)
+
+
+def test_record_round_trips_through_stream_fields() -> None:
+    rec = make_record(7)
+    rec = dataclasses.replace(rec, gpu_seconds=0.1 + 0.2)  # not exactly 0.3
+    fields = rec.to_fields()
+    assert all(isinstance(v, str) for v in fields.values())
+    as_bytes = {k.encode(): v.encode() for k, v in fields.items()}
+    assert UsageRecord.from_fields(as_bytes) == rec
+    assert UsageRecord.from_fields({**fields, "added_later": "x"}) == rec
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"prompt_tokens": "many"}, "prompt_tokens"),
+        ({"gpu_seconds": ""}, "gpu_seconds"),
+        ({"tenant": None}, "tenant"),
+    ],
+)
+def test_from_fields_names_the_bad_field(change: dict[str, str | None], message: str) -> None:
+    fields: dict[str, str] = make_record(1).to_fields()
+    for key, value in change.items():
+        if value is None:
+            del fields[key]
+        else:
+            fields[key] = value
+    with pytest.raises(ValueError, match=message):
+        UsageRecord.from_fields(fields)
+
+
+async def test_every_record_arrives_and_totals_match(
+    redis_server: EmbeddedRedis, stream: str, sync_redis: redis.Redis
+) -> None:
+    records = [make_record(i) for i in range(1234)]
+    recorder = UsageRecorder(redis_server.url, stream=stream, flush_interval_s=0.05)
+    recorder.start()
+    try:
+        for rec in records:
+            recorder.record(rec)
+        await _until(lambda: recorder.written == len(records))
+    finally:
+        await recorder.stop()
+    assert (recorder.pending, recorder.dropped) == (0, 0)
+    assert sync_redis.xlen(stream) == len(records)
+    got = await summarise(redis_server.url, since_ms=None, until_ms=None, stream=stream, chunk=100)
+    assert_totals_equal(got, expected_totals(records))
+    assert sum(t.requests for t in got.values()) == len(records)
+    assert {s for t in got.values() for s in t.statuses} == set(STATUSES)
+
+
+async def test_record_fills_in_a_missing_request_id(
+    redis_server: EmbeddedRedis, stream: str
+) -> None:
+    recorder = UsageRecorder(redis_server.url, stream=stream)
+    for i in range(3):
+        recorder.record(dataclasses.replace(make_record(i), request_id=""))
+    await recorder.flush()
+    await recorder.stop()
+    got = await summarise(redis_server.url, since_ms=None, until_ms=None, stream=stream)
+    assert sum(t.requests for t in got.values()) == 3
+
+
+async def test_stop_flushes_what_is_buffered(
+    redis_server: EmbeddedRedis, stream: str, sync_redis: redis.Redis
+) -> None:
+    recorder = UsageRecorder(redis_server.url, stream=stream, flush_interval_s=60)
+    recorder.start()
+    for i in range(10):
+        recorder.record(make_record(i))
+    await recorder.stop()
+    assert sync_redis.xlen(stream) == 10
+
+
+async def test_time_window_is_half_open_on_finished_at(
+    redis_server: EmbeddedRedis, stream: str
+) -> None:
+    records = [make_record(i, finished_at_ms=BASE_MS + 1000 * i) for i in range(10)]
+    recorder = UsageRecorder(redis_server.url, stream=stream)
+    for rec in records:
+        recorder.record(rec)
+    await recorder.stop()
+    window = await summarise(
+        redis_server.url, since_ms=BASE_MS + 2000, until_ms=BASE_MS + 7000, stream=stream
+    )
+    assert_totals_equal(window, expected_totals(records[2:7]))
+    tail = await summarise(redis_server.url, since_ms=BASE_MS + 8000, until_ms=None, stream=stream)
+    assert_totals_equal(tail, expected_totals(records[8:]))
+    head = await summarise(redis_server.url, since_ms=None, until_ms=BASE_MS + 1, stream=stream)
+    assert_totals_equal(head, expected_totals(records[:1]))
+
+
+async def test_late_written_record_counts_in_its_own_window(
+    redis_server: EmbeddedRedis, stream: str
+) -> None:
+    """A record buffered through a long outage is written hours after it finished."""
+    long_ago = BASE_MS - 10 * 3_600_000
+    recorder = UsageRecorder(redis_server.url, stream=stream)
+    recorder.record(make_record(1, finished_at_ms=long_ago))
+    await recorder.stop()
+    got = await summarise(redis_server.url, since_ms=long_ago, until_ms=long_ago + 1, stream=stream)
+    assert sum(t.requests for t in got.values()) == 1
+
+
+async def test_duplicate_request_id_counts_once(
+    redis_server: EmbeddedRedis, stream: str, sync_redis: redis.Redis
+) -> None:
+    records = [make_record(i) for i in range(20)]
+    recorder = UsageRecorder(redis_server.url, stream=stream, batch_size=7)
+    for rec in records + records[5:12] + records[:1]:  # a re-written batch, a lone repeat
+        recorder.record(rec)
+    await recorder.stop()
+    assert sync_redis.xlen(stream) == 28
+    got = await summarise(redis_server.url, since_ms=None, until_ms=None, stream=stream, chunk=3)
+    assert_totals_equal(got, expected_totals(records))
+
+
+async def test_duplicates_beyond_the_horizon_are_forgotten(
+    redis_server: EmbeddedRedis, stream: str, sync_redis: redis.Redis
+) -> None:
+    """Memory is bounded by the horizon: ids are remembered for that much stream time only."""
+    rec = make_record(1)
+    sync_redis.xadd(stream, rec.to_fields(), id="1000-0")  # type: ignore[arg-type]
+    sync_redis.xadd(stream, rec.to_fields(), id="5000-0")  # type: ignore[arg-type]
+    near = await summarise(redis_server.url, since_ms=None, until_ms=None, stream=stream)
+    far = await summarise(
+        redis_server.url, since_ms=None, until_ms=None, stream=stream, dedup_horizon_ms=1000
+    )
+    assert sum(t.requests for t in near.values()) == 1
+    assert sum(t.requests for t in far.values()) == 2
+
+
+async def test_malformed_entries_are_skipped(
+    redis_server: EmbeddedRedis, stream: str, sync_redis: redis.Redis
+) -> None:
+    sync_redis.xadd(stream, {"tenant": "acme", "prompt_tokens": "x"})
+    sync_redis.xadd(stream, make_record(1).to_fields())  # type: ignore[arg-type]
+    got = await summarise(redis_server.url, since_ms=None, until_ms=None, stream=stream)
+    assert sum(t.requests for t in got.values()) == 1
+
+
+async def test_redis_outage_loses_nothing_below_the_limit() -> None:
+    server = EmbeddedRedis()
+    server.start()
+    stream = "meridian:usage"
+    records = [make_record(i) for i in range(200)]
+    recorder = UsageRecorder(server.url, flush_interval_s=0.02, batch_size=50)
+    recorder.start()
+    try:
+        server.stop()
+        for i, rec in enumerate(records):
+            recorder.record(rec)
+            if i % 20 == 0:
+                await asyncio.sleep(0.05)  # the recorder keeps trying and failing meanwhile
+        await asyncio.sleep(0.3)
+        assert (recorder.written, recorder.pending, recorder.dropped) == (0, 200, 0)
+        server.start()
+        await _until(lambda: recorder.written == 200, timeout_s=10)
+        client = redis.Redis.from_url(server.url)
+        try:
+            assert client.xlen(stream) == 200
+        finally:
+            client.close()
+        got = await summarise(server.url, since_ms=None, until_ms=None)
+        assert_totals_equal(got, expected_totals(records))
+    finally:
+        await recorder.stop(timeout_s=1.0)
+        server.close()
+
+
+async def test_overflow_drops_the_oldest_and_counts_them(
+    redis_server: EmbeddedRedis, stream: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    records = [make_record(i) for i in range(150)]
+    recorder = UsageRecorder(redis_server.url, stream=stream, buffer_limit=100)
+    for rec in records:  # not started: nothing is written, as if Redis were down
+        recorder.record(rec)
+    assert (recorder.pending, recorder.dropped) == (100, 50)
+    assert "dropping the oldest" in caplog.text
+    await recorder.stop()
+    got = await summarise(redis_server.url, since_ms=None, until_ms=None, stream=stream)
+    assert_totals_equal(got, expected_totals(records[50:]))
+
+
+async def test_failed_batch_goes_back_in_front_and_overflow_still_drops_oldest() -> None:
+    server = EmbeddedRedis()  # never started: every write fails
+    records = [make_record(i) for i in range(30)]
+    recorder = UsageRecorder(server.url, buffer_limit=20, batch_size=10)
+    try:
+        for rec in records[:20]:
+            recorder.record(rec)
+        write = asyncio.create_task(recorder.flush())
+        await asyncio.sleep(0)  # the first batch (records 0..9) is now in flight
+        for rec in records[20:30]:
+            recorder.record(rec)  # buffer full again: 10..19 + 20..29
+        with pytest.raises((redis.RedisError, OSError)):
+            await write
+        # records 0..9 came back in front and pushed the oldest out: 0..9 are dropped
+        assert (recorder.pending, recorder.dropped) == (20, 10)
+        assert list(recorder._buffer) == records[10:30]
+    finally:
+        await recorder.stop(timeout_s=0.2)
+        server.close()
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("now", 10_000_000_000),
+        ("30s", 10_000_000_000 - 30_000),
+        ("30m", 10_000_000_000 - 1_800_000),
+        ("1h", 10_000_000_000 - 3_600_000),
+        ("7d", 10_000_000_000 - 7 * 86_400_000),
+        ("2025-01-31T12:00:00Z", 1_738_324_800_000),
+        ("2025-01-31T12:00:00", 1_738_324_800_000),
+        ("2025-01-31T13:00:00+01:00", 1_738_324_800_000),
+        ("2025-01-31", 1_738_281_600_000),
+    ],
+)
+def test_parse_time(text: str, expected: int) -> None:
+    assert parse_time(text, now_ms=10_000_000_000) == expected
+
+
+@pytest.mark.parametrize("text", ["yesterday", "1y", "-1h", "2025-13-01", ""])
+def test_parse_time_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="ISO-8601"):
+        parse_time(text, now_ms=0)
+
+
+def _ms(iso: str) -> int:
+    return int(datetime.fromisoformat(iso).replace(tzinfo=UTC).timestamp() * 1000)
+
+
+def _seed(client: redis.Redis, stream: str) -> None:
+    def rec(tenant: str, model: str, p: int, c: int, g: float, status: str, at: str) -> None:
+        r = UsageRecord(
+            tenant, model, "eu-west", "eu-west-1a", "gpu-0", p, c, g, status, "t",
+            uuid.uuid4().hex, _ms(at),
+        )  # fmt: skip
+        client.xadd(stream, r.to_fields())  # type: ignore[arg-type]
+
+    rec("acme", "demo-llm", 100, 16, 0.5, "OK", "2025-01-31T10:00:00")
+    rec("acme", "demo-llm", 200, 0, 0.25, "UNAVAILABLE", "2025-01-31T11:00:00")
+    rec("acme", "big-llm", 1000, 64, 2.0, "OK", "2025-01-31T11:30:00")
+    rec("globex", "demo-llm", 50, 8, 0.125, "OK", "2025-01-31T11:59:59")
+    rec("globex", "demo-llm", 9, 9, 9.0, "OK", "2025-01-31T12:00:00")  # outside: until is open
+
+
+WINDOW = ["--since", "2025-01-31T00:00:00Z", "--until", "2025-01-31T12:00:00Z"]
+
+
+def test_usage_main_prints_a_table(
+    redis_server: EmbeddedRedis,
+    stream: str,
+    sync_redis: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _seed(sync_redis, stream)
+    code = usage_main(["--redis", redis_server.url, "--stream", stream, *WINDOW])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert out.splitlines() == [
+        f"usage 2025-01-31T00:00:00Z .. 2025-01-31T12:00:00Z (stream {stream})",
+        "tenant  model     requests  ok  prompt_tokens  completion_tokens  gpu_seconds",
+        "acme    big-llm          1   1           1000                 64        2.000",
+        "acme    demo-llm         2   1            300                 16        0.750",
+        "globex  demo-llm         1   1             50                  8        0.125",
+        "total                    4   3           1350                 88        2.875",
+    ]
+
+
+def test_usage_main_prints_json(
+    redis_server: EmbeddedRedis,
+    stream: str,
+    sync_redis: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _seed(sync_redis, stream)
+    code = usage_main(["--redis", redis_server.url, "--stream", stream, "--json", *WINDOW])
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert (doc["since"], doc["until"]) == ("2025-01-31T00:00:00Z", "2025-01-31T12:00:00Z")
+    assert doc["totals"] == [
+        {"tenant": "acme", "model": "big-llm", "requests": 1, "ok_requests": 1,
+         "prompt_tokens": 1000, "completion_tokens": 64, "gpu_seconds": 2.0,
+         "statuses": {"OK": 1}},
+        {"tenant": "acme", "model": "demo-llm", "requests": 2, "ok_requests": 1,
+         "prompt_tokens": 300, "completion_tokens": 16, "gpu_seconds": 0.75,
+         "statuses": {"OK": 1, "UNAVAILABLE": 1}},
+        {"tenant": "globex", "model": "demo-llm", "requests": 1, "ok_requests": 1,
+         "prompt_tokens": 50, "completion_tokens": 8, "gpu_seconds": 0.125,
+         "statuses": {"OK": 1}},
+    ]  # fmt: skip
+
+
+def test_usage_main_defaults_to_the_last_24_hours(
+    redis_server: EmbeddedRedis,
+    stream: str,
+    sync_redis: redis.Redis,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    _seed(sync_redis, stream)
+    now = _ms("2025-02-01T10:30:00")  # 24 h back reaches 2025-01-31T10:30
+    code = usage_main(["--redis", redis_server.url, "--stream", stream, "--json"], now_ms=now)
+    doc = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert doc["since"] == "2025-01-31T10:30:00Z"
+    assert [(t["tenant"], t["model"], t["requests"]) for t in doc["totals"]] == [
+        ("acme", "big-llm", 1),
+        ("acme", "demo-llm", 1),
+        ("globex", "demo-llm", 2),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--since", "last tuesday"], "bad time 'last tuesday'"),
+        (["--since", "1h", "--until", "2h"], "is not before --until"),
+        ([], "--redis"),
+    ],
+)
+def test_usage_main_bad_arguments_exit_2(
+    redis_server: EmbeddedRedis,
+    args: list[str],
+    message: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = args if args == [] else ["--redis", redis_server.url, *args]
+    assert usage_main(argv) == 2
+    captured = capsys.readouterr()
+    assert message in captured.err
+    assert captured.out == ""
+
+
+def test_usage_main_unreachable_redis_exits_2(capsys: pytest.CaptureFixture[str]) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    started = time.monotonic()
+    assert usage_main(["--redis", url]) == 2
+    assert time.monotonic() - started < 10
+    err = capsys.readouterr().err
+    assert f"cannot read meridian:usage from {url}" in err

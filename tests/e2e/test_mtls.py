@@ -1,0 +1,129 @@
+"""Trust between tiers: a fleet on mutual TLS refuses callers that are not a tier.
+
+One small fleet (1 region, 1 zone, 1 GPU), each tier its own process, as
+``meridian up`` starts it: the global endpoint is plaintext for clients, the
+regional and local tiers accept only callers presenting the fleet's tier
+certificate.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+import yaml
+
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.launcher import Fleet
+from common.routing import ROUTE, trailer
+from common.tls import channel_credentials
+from common.v2 import generate_request, response_text
+from tests.client import V2Client
+from tests.conftest import small_fleet_spec, start_fleet
+
+INNER_TIERS = ("regional-us-east", "local-us-east-1a")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """Shared by this module's tests, which only read it."""
+    fleet = start_fleet(tmp_path_factory.mktemp("mtls"), small_fleet_spec(1, 1, 1))
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def _infer(channel: grpc.Channel) -> tuple[str, str]:
+    """One small generate request; the text and the route trailer."""
+    stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    response, call = stub.ModelInfer.with_call(
+        generate_request("demo-llm", "who may call me", 2), timeout=10
+    )
+    return response_text(response), trailer(call.trailing_metadata(), ROUTE) or ""
+
+
+def _refused(channel: grpc.Channel) -> grpc.RpcError:
+    with pytest.raises(grpc.RpcError) as err:
+        _infer(channel)
+    return err.value
+
+
+@pytest.fixture
+def channels(
+    fleet: Fleet,
+) -> Iterator[Callable[[str, grpc.ChannelCredentials | None], grpc.Channel]]:
+    """Open channels to fleet processes; all closed at the end."""
+    opened: list[grpc.Channel] = []
+
+    def open_channel(name: str, credentials: grpc.ChannelCredentials | None) -> grpc.Channel:
+        address = fleet.endpoint_of(name)
+        channel = (
+            grpc.insecure_channel(address)
+            if credentials is None
+            else grpc.secure_channel(address, credentials)
+        )
+        opened.append(channel)
+        return channel
+
+    try:
+        yield open_channel
+    finally:
+        for channel in opened:
+            channel.close()
+
+
+def test_fleet_runs_mutual_tls_between_tiers(fleet: Fleet) -> None:
+    tls = fleet.topology.tls
+    assert tls is not None and not tls.client_facing
+    assert Path(tls.cert).parent == fleet.run_dir / "pki"
+    # The client-facing endpoint stays plaintext: clients authenticate with API keys.
+    with V2Client(fleet.global_address) as client:
+        reply = client.infer("through every tier", 3)
+    assert reply.route.startswith("us-east/us-east-1a/") and reply.text
+
+
+@pytest.mark.parametrize("name", INNER_TIERS)
+def test_plaintext_call_to_an_inner_tier_is_refused(
+    name: str, channels: Callable[[str, grpc.ChannelCredentials | None], grpc.Channel]
+) -> None:
+    error = _refused(channels(name, None))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("name", INNER_TIERS)
+def test_tls_call_without_client_certificate_is_refused(
+    name: str,
+    fleet: Fleet,
+    channels: Callable[[str, grpc.ChannelCredentials | None], grpc.Channel],
+) -> None:
+    assert fleet.topology.tls is not None
+    ca_only = grpc.ssl_channel_credentials(Path(fleet.topology.tls.ca).read_bytes())
+    error = _refused(channels(name, ca_only))
+    assert error.code() == grpc.StatusCode.UNAVAILABLE
+
+
+@pytest.mark.parametrize("name", INNER_TIERS)
+def test_call_with_the_tier_certificate_is_served(
+    name: str,
+    fleet: Fleet,
+    channels: Callable[[str, grpc.ChannelCredentials | None], grpc.Channel],
+) -> None:
+    """The refusals above are about identity: the same call with the tier certificate works."""
+    assert fleet.topology.tls is not None
+    assert fleet.credentials_for(name) is not None
+    text, route = _infer(channels(name, channel_credentials(fleet.topology.tls)))
+    assert text
+    assert "us-east-1a/" in route
+
+
+def test_fleet_without_tls_is_plaintext_everywhere(tmp_path: Path) -> None:
+    """``Fleet(tls=False)`` generates no PKI; nothing is started here."""
+    spec = tmp_path / "fleet.yaml"
+    spec.write_text(yaml.safe_dump(small_fleet_spec(1, 1, 1)))
+    fleet = Fleet(spec, tmp_path / "run", redis_url="redis://127.0.0.1:1/0", tls=False)
+    assert fleet.topology.tls is None
+    assert not (tmp_path / "run" / "pki").exists()
+    assert all(fleet.credentials_for(name) is None for name in fleet.processes)
