@@ -189,7 +189,7 @@ def significant_change(
     return False
 
 
-class _Backoff:
+class Backoff:
     """Exponential back-off for reconnecting to Redis, logging each outage once."""
 
     def __init__(self, what: str) -> None:
@@ -265,7 +265,7 @@ class CapacityPublisher:
         )
 
     async def _run(self) -> None:
-        backoff = _Backoff(f"publisher {self.stream}")
+        backoff = Backoff(f"publisher {self.stream}")
         while True:
             try:
                 await self.publish_once()
@@ -333,7 +333,7 @@ class CapacityReader:
                 self._take(stream, fields)
 
     async def _run(self) -> None:
-        backoff = _Backoff("capacity reader")
+        backoff = Backoff("capacity reader")
         last_ids: dict[str, bytes | str] = dict.fromkeys(self.streams, "0-0")
         caught_up = False
         while True:

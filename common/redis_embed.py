@@ -70,14 +70,16 @@ def free_port(host: str = "127.0.0.1") -> int:
 class EmbeddedRedis:
     """A redis-server child process on 127.0.0.1; ``start()``/``stop()``, restartable."""
 
-    def __init__(self, port: int = 0) -> None:
+    def __init__(self, port: int = 0, *, password: str | None = None) -> None:
         self.port = port or free_port()
+        self.password = password
         self._dir = tempfile.TemporaryDirectory(prefix="meridian-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> None:
         self.process = subprocess.Popen(
@@ -95,11 +97,14 @@ class EmbeddedRedis:
                 self._dir.name,
                 "--protected-mode",
                 "yes",
+                *(["--requirepass", self.password] if self.password else []),
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        client = redis.Redis(host="127.0.0.1", port=self.port, socket_connect_timeout=0.2)
+        client = redis.Redis(
+            host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.2
+        )
         deadline = time.monotonic() + timeout_s
         try:
             while True:

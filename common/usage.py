@@ -35,7 +35,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from common.capacity import _Backoff
+from common.capacity import Backoff
 
 log = logging.getLogger(__name__)
 
@@ -216,7 +216,7 @@ class UsageRecorder:
         self._buffer.extendleft(reversed(batch))
 
     async def _run(self) -> None:
-        backoff = _Backoff(f"usage recorder {self.stream}")
+        backoff = Backoff(f"usage recorder {self.stream}")
         while True:
             if len(self._buffer) < self.batch_size:
                 self._wake.clear()
