@@ -15,10 +15,20 @@ from common.routing import ROUTE, trailer
 class Failover(Exception):
     """An attempt failed in a way another child may not: try the next one."""
 
-    def __init__(self, child: str, code: grpc.StatusCode, detail: str, trailers: Any) -> None:
+    def __init__(
+        self,
+        child: str,
+        code: grpc.StatusCode,
+        detail: str,
+        trailers: Any,
+        *,
+        child_down: bool = False,
+    ) -> None:
         super().__init__(f"{child}: {code.name}: {detail}")
         self.code = code
         self.retry_after_ms = _retry_after(trailers)
+        # The child itself is gone: moving away from it cannot amplify load on it.
+        self.child_down = child_down
 
 
 @dataclass

@@ -169,6 +169,30 @@ class TlsConfig:
     client_facing: bool = False
 
 
+# gRPC keeps message and metadata limits in C ints.
+GRPC_MAX_LIMIT = 2**31 - 1
+# Room for gRPC's own headers and the metadata tiers add between themselves.
+MIN_METADATA_BYTES = 8 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How big a request may be; every tier enforces them before doing any work.
+
+    ``max_message_bytes`` and ``max_metadata_bytes`` are gRPC server options
+    (``common.grpc_server.server_options``): gRPC itself refuses a larger
+    message or header block with RESOURCE_EXHAUSTED before any Meridian code
+    runs. ``max_prompt_bytes`` (UTF-8 bytes of ``text_input``) and
+    ``max_inputs`` are checked by ``common.v2.parse_generate``
+    (INVALID_ARGUMENT).
+    """
+
+    max_message_bytes: int = 4 * 1024 * 1024
+    max_prompt_bytes: int = 256 * 1024
+    max_inputs: int = 16
+    max_metadata_bytes: int = 16 * 1024
+
+
 @dataclass(frozen=True)
 class Topology:
     """A whole deployment, as read from one YAML file."""
@@ -177,7 +201,8 @@ class Topology:
     regions: tuple[RegionConfig, ...]
     redis_url: str = "redis://127.0.0.1:6379/0"
     summary_cadence_s: float = 0.5
-    summary_stream_maxlen: int = 1000
+    # Readers use only the newest entry; 120 keeps a minute of history at 500 ms.
+    summary_stream_maxlen: int = 120
     health_interval_s: float = 0.5
     time_scale: float = 1.0
     slow_start_window_s: float = 30.0
@@ -187,6 +212,7 @@ class Topology:
     rtt_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig | None = None
+    limits: Limits = field(default_factory=Limits)
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -440,6 +466,36 @@ def _tls(root: _Node) -> TlsConfig | None:
     return tls
 
 
+def _limits(root: _Node) -> Limits:
+    if "limits" not in root.raw:
+        root.seen.add("limits")
+        return Limits()
+    node = root.child("limits")
+    default = Limits()
+    values: dict[str, int] = {}
+    for key, floor in (
+        ("max_message_bytes", 1),
+        ("max_prompt_bytes", 1),
+        ("max_inputs", 1),
+        ("max_metadata_bytes", MIN_METADATA_BYTES),
+    ):
+        value = node.get(key, getattr(default, key), kind=int)
+        if not floor <= value <= GRPC_MAX_LIMIT:
+            raise ConfigError(
+                f"{node.key_path(key)}: must be between {floor} and {GRPC_MAX_LIMIT}, got {value}"
+            )
+        values[key] = value
+    node.done()
+    limits = Limits(**values)
+    if limits.max_prompt_bytes >= limits.max_message_bytes:
+        raise ConfigError(
+            f"limits.max_prompt_bytes: {limits.max_prompt_bytes} can never be reached: "
+            f"a whole request may be only {limits.max_message_bytes} bytes "
+            "(limits.max_message_bytes)"
+        )
+    return limits
+
+
 def _rtt_matrix(root: _Node, regions: set[str]) -> dict[str, dict[str, float]]:
     raw = root.get("rtt_ms", {}, kind=dict)
     matrix: dict[str, dict[str, float]] = {}
@@ -495,7 +551,7 @@ def topology_from_mapping(raw: Any) -> Topology:
     _unique([r.name for r in regions], "regions")
     cadence = root.get("summary_cadence_s", 0.5, kind=float)
     _positive(root, "summary_cadence_s", cadence)
-    maxlen = root.get("summary_stream_maxlen", 1000, kind=int)
+    maxlen = root.get("summary_stream_maxlen", 120, kind=int)
     _positive(root, "summary_stream_maxlen", maxlen)
     health = root.get("health_interval_s", 0.5, kind=float)
     _positive(root, "health_interval_s", health)
@@ -510,6 +566,7 @@ def topology_from_mapping(raw: Any) -> Topology:
     rtt = _rtt_matrix(root, {r.name for r in regions})
     auth = _auth(root, {r.name for r in regions})
     tls = _tls(root)
+    limits = _limits(root)
     topology = Topology(
         global_tier=global_tier,
         regions=tuple(regions),
@@ -523,6 +580,7 @@ def topology_from_mapping(raw: Any) -> Topology:
         rtt_ms=rtt,
         auth=auth,
         tls=tls,
+        limits=limits,
     )
     root.done()
     return topology

@@ -258,9 +258,14 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         """Reserve the child for the next attempt: after a back-off, inside the budget."""
         n = len(attempts.tried)
         if n:
-            if n >= self.spec.max_attempts or not self.retry_budget.try_start_retry():
+            if n >= self.spec.max_attempts:
                 raise attempts.error(self.children.kind, pick.model)
-            attempts.holding_retry = True
+            # Failing over away from a dead child is not a retry storm: only retries
+            # that go back to live children count against the budget.
+            if not attempts.failures[-1].child_down:
+                if not self.retry_budget.try_start_retry():
+                    raise attempts.error(self.children.kind, pick.model)
+                attempts.holding_retry = True
             await asyncio.sleep(backoff_delay_s(n, self.rng))
         try:
             lease = await self.balancer.acquire(pick, attempts.tried, self.timeout(context))
@@ -296,7 +301,13 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         trailers = exc.trailing_metadata()
         self.settle(lease, exc.code(), trailers, exc.details() or "")
         if exc.code() in self.spec.failover_codes:
-            return Failover(lease.child.name, exc.code(), exc.details() or "", trailers)
+            return Failover(
+                lease.child.name,
+                exc.code(),
+                exc.details() or "",
+                trailers,
+                child_down=not lease.child.healthy,
+            )
         raise RouteError(exc.code(), exc.details() or "", passable(trailers)) from None
 
     async def _forward_unary(

@@ -71,12 +71,20 @@ async def admitted(limiter: TenantRateLimiter, who: TenantConfig, tokens: int) -
 
 @pytest.fixture
 async def limiters(redis_server: EmbeddedRedis) -> AsyncIterator[LimiterFactory]:
-    """Limiters on the session Redis under a key prefix of their own; closed at teardown."""
+    """Limiters on the session Redis under a key prefix of their own; closed at teardown.
+
+    Their Redis timeout is 1 s, not 50 ms, so a loaded test machine cannot push them
+    into the in-process fallback; the tests of the fallback set their own.
+    """
     made: list[TenantRateLimiter] = []
     prefix = f"test:quota:{uuid.uuid4().hex[:8]}"
 
-    def make(url: str = redis_server.url, **kwargs: object) -> TenantRateLimiter:
-        limiter = TenantRateLimiter(url, key_prefix=prefix, **kwargs)  # type: ignore[arg-type]
+    def make(
+        url: str = redis_server.url, *, replicas: int = 1, redis_timeout_s: float = 1.0
+    ) -> TenantRateLimiter:
+        limiter = TenantRateLimiter(
+            url, replicas=replicas, key_prefix=prefix, redis_timeout_s=redis_timeout_s
+        )
         made.append(limiter)
         return limiter
 
@@ -124,7 +132,7 @@ async def test_requests_per_s_admits_a_burst_then_exhausted_retry_after_near_one
         await limiter.admit(who, 10)
     err = await refusal(limiter, who, 10)
     wait_ms = retry_after_ms(err)
-    assert 150 <= wait_ms <= 200  # 1/rate = 200 ms, less the few ms the burst took
+    assert 120 <= wait_ms <= 200  # 1/rate = 200 ms, less the few ms the burst took
     await asyncio.sleep(wait_ms / 1000)
     await limiter.admit(who, 10)  # the retry-after is honest
 
@@ -135,7 +143,7 @@ async def test_tokens_per_min_admits_its_burst_then_exhausted(limiters: LimiterF
         await limiter.admit(who, 250)
     err = await refusal(limiter, who, 250)
     assert "tokens_per_min" in err.message
-    assert 2400 <= retry_after_ms(err) <= 2500  # 250 tokens at 100/s
+    assert 2300 <= retry_after_ms(err) <= 2500  # 250 tokens at 100/s
 
 
 async def test_failed_request_rate_check_consumes_no_token_quota(
@@ -176,7 +184,7 @@ async def test_two_replicas_together_admit_at_most_limit_times_time_plus_one_bur
 ) -> None:
     """``rate`` and ``burst`` in requests of ``tokens``, whichever limit binds."""
     replicas = [limiters(replicas=2), limiters(replicas=2)]
-    who = tenant(**limits)
+    who = tenant(limits["requests_per_s"], limits["tokens_per_min"])
     duration_s = 2.0
 
     async def hammer(limiter: TenantRateLimiter, end: float) -> int:
@@ -193,11 +201,10 @@ async def test_two_replicas_together_admit_at_most_limit_times_time_plus_one_bur
     )
     elapsed = time.monotonic() - start
     total = sum(counts)
-    print("DEBUG", counts, elapsed, [r.outages for r in replicas])
+    assert [limiter.outages for limiter in replicas] == [0, 0]  # all of it went through Redis
     assert total <= rate * elapsed + burst
     assert total >= 0.9 * (rate * duration_s + burst)  # and the limit is actually reached
     assert sum(counts[:3]) > 0 and sum(counts[3:]) > 0
-    assert [limiter.outages for limiter in replicas] == [0, 0]
 
 
 async def test_unlimited_tenant_admitted_without_touching_redis(
@@ -230,7 +237,7 @@ async def test_over_both_limits_names_both_and_retry_after_is_the_longer(
     await limiter.admit(who, 100)
     err = await refusal(limiter, who, 50)
     assert "requests_per_s limit (1) and its tokens_per_min limit (600)" in err.message
-    assert 4900 <= retry_after_ms(err) <= 5000  # 50 tokens at 10/s, not the 1 s of requests
+    assert 4800 <= retry_after_ms(err) <= 5000  # 50 tokens at 10/s, not the 1 s of requests
 
 
 async def test_request_larger_than_token_burst_is_invalid_argument(
@@ -286,7 +293,10 @@ async def test_redis_down_falls_back_to_rate_over_replicas_then_shares_again(
     server = EmbeddedRedis()
     server.start()
     clock = FakeClock()
-    replicas = [TenantRateLimiter(server.url, replicas=2, clock=clock) for _ in range(2)]
+    replicas = [
+        TenantRateLimiter(server.url, replicas=2, clock=clock, redis_timeout_s=1.0)
+        for _ in range(2)
+    ]  # a refused connection fails at once; the long timeout only spares a loaded machine
     who = tenant(requests_per_s=10)  # shared: 10/s, burst 10; each replica alone: 5/s, burst 5
     try:
         assert await admitted(replicas[0], who, 1)
@@ -300,7 +310,8 @@ async def test_redis_down_falls_back_to_rate_over_replicas_then_shares_again(
         assert all(13 <= n <= 15 for n in counts), counts  # burst 5 + 5/s × 2 s
         assert sum(counts) <= 10 * 2 + 10  # within the shared limit's bound
         assert all(limiter.degraded and limiter.outages == 1 for limiter in replicas)
-        warnings = [r for r in caplog.records if r.levelno == logging.WARNING]
+        ours = [r for r in caplog.records if r.name == "common.quota"]
+        warnings = [r for r in ours if r.levelno == logging.WARNING]
         assert len(warnings) == 2  # one per replica, however many re-tries failed
 
         server.start()
@@ -310,10 +321,12 @@ async def test_redis_down_falls_back_to_rate_over_replicas_then_shares_again(
             if not await admitted(replicas[0], who, 1):
                 break
             first += 1
-        assert first in (10, 11)  # the shared burst (a fresh Redis), not one replica's share
+        assert 10 <= first <= 12  # the shared burst (a fresh Redis), not one replica's share
         await refusal(replicas[1], who, 1)  # the other replica sees the same bucket
         assert not any(limiter.degraded for limiter in replicas)
-        infos = [r for r in caplog.records if r.levelno == logging.INFO]
+        infos = [
+            r for r in caplog.records if r.name == "common.quota" and r.levelno == logging.INFO
+        ]
         assert len(infos) == 2 and all("back" in r.message for r in infos)
     finally:
         for limiter in replicas:
@@ -332,12 +345,12 @@ async def test_unresponsive_redis_never_blocks_a_request_beyond_the_timeout(
         who = tenant(requests_per_s=1000)
         start = time.monotonic()
         await limiter.admit(who, 1)
-        assert time.monotonic() - start < 0.3
+        assert time.monotonic() - start < 0.5  # 50 ms timeouts, not redis-py's retries
         assert limiter.degraded
         start = time.monotonic()
         for _ in range(100):  # inside the back-off: not even one more try
             await limiter.admit(who, 1)
-        assert time.monotonic() - start < 0.1
+        assert time.monotonic() - start < 0.25
 
 
 # --------------------------------------------------------------------------- ConcurrencyCaps

@@ -78,8 +78,9 @@ def test_region_dies_under_load_and_returns_gradually(
         early = load.since(back)
         time.sleep(4.5)
         late = load.since(time.monotonic() - 1.0)
-    # Nothing that started after the failure was lost (in flight at the kill may fail).
-    assert [s for s in load.failures() if s.started > killed + 0.05] == []
+    # Nothing was lost: requests in flight in the dead region had sent no byte back, so
+    # they failed over too (outside the retry budget: the region itself was gone).
+    assert load.failures() == []
     early_share = sum(region_of(s.route) == "eu-west" for s in early) / len(early)
     late_share = sum(region_of(s.route) == "eu-west" for s in late) / len(late)
     assert early_share < 0.5, early_share  # no thundering herd on return
