@@ -109,7 +109,12 @@ def edge_admission(auth: AuthConfig, redis_url: str, replicas: int = 1) -> Admis
     return Admission(
         auth,
         authenticator=Authenticator(auth) if auth.enabled else None,
-        limiter=TenantRateLimiter(redis_url, replicas=replicas) if limited else None,
+        # 200 ms: a busy event loop must not push a replica onto its fallback share.
+        limiter=(
+            TenantRateLimiter(redis_url, replicas=replicas, redis_timeout_s=0.2)
+            if limited
+            else None
+        ),
         usage=UsageRecorder(redis_url),
     )
 
