@@ -31,7 +31,7 @@ from common.attempts import Attempts, Failover, passable, with_route
 from common.balancer import Balancer, Lease, Outcome
 from common.capacity import CAPACITY_HINT, encode_hint
 from common.children import Child, ChildSet
-from common.config import AuthConfig
+from common.config import AuthConfig, Limits
 from common.errors import RouteError
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
@@ -42,7 +42,7 @@ from common.prefix import MAX_CARRIED_BLOCKS, prompt_block_hashes
 from common.resilience import RetryBudget, backoff_delay_s
 from common.routing import ROUTE, RouteHints, parse_hints, trailer
 from common.streaming import StreamForward
-from common.v2 import GenerateRequest, parse_generate
+from common.v2 import MAX_NAME_CHARS, GenerateRequest, parse_generate
 
 VERSION = "0.1.0"
 UPPER_TIER_FAILOVER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
@@ -75,7 +75,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
         admission: Admission | None = None,
+        limits: Limits | None = None,
     ) -> None:
+        self.limits = limits or Limits()
         self.spec = spec
         self.children = children
         self.balancer = balancer
@@ -129,7 +131,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         code, route, tokens = grpc.StatusCode.UNKNOWN, "", 0
         try:
             hints = self.hints(context)
-            gen = parse_generate(request)
+            gen = parse_generate(request, self.limits)
             pick = self.pick_request(gen.model, gen.version, hints, gen)
             release = await self.admission.admit(hints, pick)
             try:
@@ -212,6 +214,8 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
     def pick_request(
         self, model: str, version: str, hints: RouteHints, gen: GenerateRequest | None
     ) -> PickRequest:
+        if len(model) > MAX_NAME_CHARS:
+            raise RouteError.invalid(f"model name is longer than {MAX_NAME_CHARS} characters")
         if model not in self.models:
             raise RouteError.not_found(
                 f"model {model!r} is not served here; known models: {sorted(self.models)}"
@@ -342,6 +346,11 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
                     except asyncio.CancelledError:
                         self.settle(lease, grpc.StatusCode.CANCELLED, ())
                         raise
+                    except Exception as exc:  # never leak a lease, whatever went wrong
+                        self.settle(lease, grpc.StatusCode.INTERNAL, (), repr(exc))
+                        raise RouteError(
+                            grpc.StatusCode.INTERNAL, f"forwarding failed: {exc!r}"
+                        ) from None
                     self.settle(lease, grpc.StatusCode.OK, trailers)
                     route = self.route_of(lease.child, trailers)
                     context.set_trailing_metadata(

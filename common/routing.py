@@ -3,9 +3,28 @@
 Clients may send ``x-meridian-session``, ``x-meridian-priority``,
 ``x-meridian-client-geo`` (``lat,lon``) and ``x-meridian-client-region``. Tiers
 talk to each other with internal keys (``x-meridian-origin``, the client
-location the edge resolved, and ``x-meridian-attempt``). The edge drops any
-internal key a client sends, so a client cannot steer inner tiers; inner tiers
-accept internal keys from the tier above.
+location the edge resolved, ``x-meridian-attempt``, ``x-meridian-tenant`` and
+``x-meridian-prefix-blocks``). The edge drops any internal key a client sends,
+so a client cannot steer inner tiers; inner tiers accept internal keys from the
+tier above.
+
+Format rules, checked before anything else reads a value:
+
+* a value Meridian reads must be printable ASCII (0x20-0x7E) of at most
+  ``MAX_VALUE_LEN`` characters, else INVALID_ARGUMENT naming the key. Stock gRPC
+  clients cannot send anything else, but a raw HTTP/2 client can, and gRPC's
+  server hands such bytes over as they came; forwarded unchecked, they would
+  make the call to the tier below fail inside gRPC;
+* ``traceparent``/``tracestate`` that break the same rule are dropped, not
+  refused (W3C Trace Context: a tracer restarts the trace instead);
+* at the edge, an ``x-meridian-*`` key that is neither a client key nor an
+  internal one (a typo such as ``x-meridian-prority``, a response trailer such
+  as ``x-meridian-route``) is INVALID_ARGUMENT naming it, so a mistake is never
+  silently ignored. Inner tiers ignore such keys, so a newer tier above may add
+  one during a rolling upgrade.
+
+The size of the whole header block is bounded by gRPC itself
+(``Limits.max_metadata_bytes``, see ``common.grpc_server``).
 """
 
 from __future__ import annotations
@@ -31,9 +50,9 @@ PRIORITIES = ("critical", "standard", "sheddable")
 CLIENT_KEYS = frozenset({SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION})
 INTERNAL_KEYS = frozenset({ORIGIN, ATTEMPT, TENANT, PREFIX_BLOCKS})
 # Passed through to the tier below (and on to the GPU) when present.
-PASS_THROUGH = frozenset(
-    {"traceparent", "tracestate", SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION}
-)
+TRACE_KEYS = frozenset({"traceparent", "tracestate"})
+PASS_THROUGH = TRACE_KEYS | CLIENT_KEYS
+MERIDIAN_PREFIX = "x-meridian-"
 MAX_VALUE_LEN = 256
 
 Metadata = Sequence[tuple[str, str | bytes]]
@@ -69,28 +88,47 @@ class RouteHints:
         return md
 
 
+def _printable(value: str) -> bool:
+    return all(" " <= c <= "~" for c in value)
+
+
 def _text(key: str, value: str | bytes) -> str:
     if isinstance(value, bytes):
         raise RouteError.invalid(f"metadata '{key}' must be text, not binary")
     if len(value) > MAX_VALUE_LEN and key != PREFIX_BLOCKS:
         raise RouteError.invalid(f"metadata '{key}' is longer than {MAX_VALUE_LEN} characters")
+    if not _printable(value):
+        raise RouteError.invalid(
+            f"metadata '{key}' must be printable ASCII; it holds control or non-ASCII characters"
+        )
     return value
+
+
+def _unknown_key(key: str) -> RouteError:
+    return RouteError.invalid(
+        f"unknown metadata key {key[:64]!r}; Meridian reads {', '.join(sorted(CLIENT_KEYS))}"
+    )
 
 
 def parse_hints(metadata: Metadata | None, *, trust_internal: bool) -> RouteHints:
     """Read routing hints; a malformed value raises INVALID_ARGUMENT naming the key.
 
     ``trust_internal`` is False at the edge: internal keys from clients are
-    dropped there, never believed.
+    dropped there, never believed, and unknown ``x-meridian-*`` keys refused.
     """
     values: dict[str, str] = {}
     passed: list[tuple[str, str]] = []
     for key, value in metadata or ():
-        if key in CLIENT_KEYS or key in PASS_THROUGH or (trust_internal and key in INTERNAL_KEYS):
+        if key in TRACE_KEYS:
+            if isinstance(value, str) and len(value) <= MAX_VALUE_LEN and _printable(value):
+                passed.append((key, value))
+        elif key in CLIENT_KEYS or (trust_internal and key in INTERNAL_KEYS):
             text = _text(key, value)
             values[key] = text
             if key in PASS_THROUGH:
                 passed.append((key, text))
+        elif not trust_internal and key.startswith(MERIDIAN_PREFIX) and key not in INTERNAL_KEYS:
+            raise _unknown_key(key)
     origin = None
     if trust_internal and ORIGIN in values:
         origin = _geo(ORIGIN, values[ORIGIN])

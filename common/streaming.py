@@ -77,7 +77,7 @@ class StreamForward:
         try:
             async for request in request_iterator:
                 try:
-                    gen = parse_generate(request)
+                    gen = parse_generate(request, self.proxy.limits)
                     if self.pick is None:
                         pick = self.proxy.pick_request(gen.model, gen.version, self.hints, gen)
                         self.release = await self.proxy.admission.admit(self.hints, pick)

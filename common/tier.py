@@ -22,7 +22,7 @@ from common.admission import Admission
 from common.balancer import Balancer
 from common.capacity import CapacityPublisher, CapacityReader
 from common.children import ChildSet
-from common.config import Endpoint
+from common.config import Endpoint, Limits
 from common.grpc_server import V2Server
 from common.proxy import InferenceProxy, TierSpec
 
@@ -81,17 +81,20 @@ class TierServer:
     reader: CapacityReader | None = None
     services: list[Service] = field(default_factory=list)
     admission: Admission | None = None
+    limits: Limits = field(default_factory=Limits)
     # TLS for the served port (common.tls.tier_server_credentials); None: plaintext.
     credentials: grpc.ServerCredentials | None = None
 
     def __post_init__(self) -> None:
         self.proxy = InferenceProxy(
-            self.spec, self.children, self.balancer, admission=self.admission
+            self.spec, self.children, self.balancer, admission=self.admission, limits=self.limits
         )
         self._ready = True
         self._started = False
         self._pending: set[asyncio.Task[None]] = set()
-        self.server = V2Server(self.proxy, self.endpoint, credentials=self.credentials)
+        self.server = V2Server(
+            self.proxy, self.endpoint, credentials=self.credentials, limits=self.limits
+        )
         if self.publisher is not None:
             self.children.add_listener(self.publisher.poke)
             self.proxy.hint_source = self.publisher.latest_entry

@@ -5,6 +5,13 @@ request parameter (or an INT32/INT64 input); the reply carries a BYTES output
 ``text_output``. BYTES tensors in ``raw_*_contents`` are a sequence of
 4-byte little-endian lengths each followed by that many bytes (Triton's
 serialisation), which stock clients read back with numpy.
+
+``parse_generate`` is the one gate every request passes at every tier: for any
+message protobuf can decode it returns a ``GenerateRequest`` or raises
+``RouteError`` (INVALID_ARGUMENT), never anything else, so no request can turn
+into UNKNOWN or INTERNAL. Inputs other than ``text_input`` and ``max_tokens``
+are not interpreted (the model behind may use them) but count towards
+``Limits.max_inputs``.
 """
 
 from __future__ import annotations
@@ -12,6 +19,7 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+from common.config import Limits
 from common.errors import RouteError
 from common.gen.inference import grpc_service_pb2 as pb
 
@@ -23,7 +31,23 @@ FINAL_RESPONSE = "triton_final_response"
 DEFAULT_MAX_TOKENS = 16
 MAX_TOKENS_LIMIT = 8192
 
-_INT_TYPES = {"INT8", "INT16", "INT32", "INT64", "UINT8", "UINT16", "UINT32", "UINT64"}
+# Integer datatypes and their raw little-endian ``struct`` format.
+_INT_FORMATS = {
+    "INT8": "<b",
+    "INT16": "<h",
+    "INT32": "<i",
+    "INT64": "<q",
+    "UINT8": "<B",
+    "UINT16": "<H",
+    "UINT32": "<I",
+    "UINT64": "<Q",
+}
+# Longest model name or version accepted (they are echoed in error messages, which
+# travel in a trailer that gRPC bounds by size).
+MAX_NAME_CHARS = 256
+# Longest integer written as a string parameter (int() refuses > 4300 digits).
+_MAX_INT_DIGITS = 20
+DEFAULT_LIMITS = Limits()
 
 
 @dataclass(frozen=True)
@@ -65,15 +89,45 @@ def _param_int(param: pb.InferParameter, where: str) -> int:
     kind = param.WhichOneof("parameter_choice")
     if kind in ("int64_param", "uint64_param"):
         return int(getattr(param, kind))
-    if kind == "string_param" and param.string_param.strip().lstrip("-").isdigit():
-        return int(param.string_param)
+    if kind == "string_param":
+        text = param.string_param.strip()
+        digits = text.removeprefix("-")
+        if digits.isascii() and digits.isdigit() and len(digits) <= _MAX_INT_DIGITS:
+            return int(text)
+        raise RouteError.invalid(f"{where} must be an integer, got string {text[:32]!r}")
     raise RouteError.invalid(f"{where} must be an integer, got {kind or 'nothing'}")
 
 
-def parse_generate(request: pb.ModelInferRequest) -> GenerateRequest:
-    """Validate a generate-style request; raise ``RouteError`` (INVALID_ARGUMENT) if ill-formed."""
+def parse_generate(
+    request: pb.ModelInferRequest, limits: Limits = DEFAULT_LIMITS
+) -> GenerateRequest:
+    """Validate a generate-style request; raise ``RouteError`` (INVALID_ARGUMENT) if ill-formed.
+
+    Checks, in order: the model name and version, the number of inputs (``limits.max_inputs``),
+    duplicate input names, raw contents matching inputs one to one, then the
+    ``text_input`` prompt (BYTES, one element, shape matching, at most
+    ``limits.max_prompt_bytes``, UTF-8) and ``max_tokens`` (1..MAX_TOKENS_LIMIT).
+    """
     if not request.model_name:
         raise RouteError.invalid("model_name is empty; name the model to run")
+    for what, value in (
+        ("model_name", request.model_name),
+        ("model_version", request.model_version),
+    ):
+        if len(value) > MAX_NAME_CHARS:
+            raise RouteError.invalid(
+                f"{what} is {len(value)} characters long; at most {MAX_NAME_CHARS} are accepted"
+            )
+    if len(request.inputs) > limits.max_inputs:
+        raise RouteError.invalid(
+            f"the request has {len(request.inputs)} inputs; at most {limits.max_inputs} "
+            "are accepted (limits.max_inputs)"
+        )
+    names: set[str] = set()
+    for tensor in request.inputs:
+        if tensor.name in names:
+            raise RouteError.invalid(f"input {tensor.name[:64]!r} appears more than once")
+        names.add(tensor.name)
     use_raw = len(request.raw_input_contents) > 0
     if use_raw and len(request.raw_input_contents) != len(request.inputs):
         raise RouteError.invalid(
@@ -84,26 +138,7 @@ def parse_generate(request: pb.ModelInferRequest) -> GenerateRequest:
     max_tokens: int | None = None
     for i, tensor in enumerate(request.inputs):
         if tensor.name == TEXT_INPUT:
-            if tensor.datatype != "BYTES":
-                raise RouteError.invalid(
-                    f"input '{TEXT_INPUT}' must have datatype BYTES, got {tensor.datatype!r}"
-                )
-            try:
-                items = (
-                    decode_bytes_tensor(request.raw_input_contents[i])
-                    if use_raw
-                    else list(tensor.contents.bytes_contents)
-                )
-            except ValueError as exc:
-                raise RouteError.invalid(f"input '{TEXT_INPUT}': {exc}") from None
-            if len(items) != 1:
-                raise RouteError.invalid(
-                    f"input '{TEXT_INPUT}' must hold exactly one element, got {len(items)}"
-                )
-            try:
-                prompt = items[0].decode("utf-8")
-            except UnicodeDecodeError:
-                raise RouteError.invalid(f"input '{TEXT_INPUT}' is not valid UTF-8") from None
+            prompt = _text_input(request, i, use_raw, limits)
         elif tensor.name == MAX_TOKENS:
             max_tokens = _max_tokens_input(request, i, use_raw)
     if prompt is None:
@@ -121,25 +156,81 @@ def parse_generate(request: pb.ModelInferRequest) -> GenerateRequest:
     return GenerateRequest(request.model_name, request.model_version, prompt, max_tokens)
 
 
+def _check_shape(tensor: pb.ModelInferRequest.InferInputTensor, elements: int) -> None:
+    """INVALID_ARGUMENT unless the declared shape holds exactly ``elements`` elements."""
+    shape = list(tensor.shape)[:8]  # as much as a message needs to show
+    declared = 1
+    for dim in tensor.shape:
+        if dim < 0:
+            raise RouteError.invalid(
+                f"input '{tensor.name}' has a negative dimension in shape {shape}"
+            )
+        declared *= dim
+        if declared > elements:
+            break
+    if declared != elements:
+        raise RouteError.invalid(
+            f"input '{tensor.name}' has shape {shape} but holds {elements} element(s); "
+            f"the shape must match the contents (e.g. [{elements}])"
+        )
+
+
+def _text_input(request: pb.ModelInferRequest, index: int, use_raw: bool, limits: Limits) -> str:
+    tensor = request.inputs[index]
+    if tensor.datatype != "BYTES":
+        raise RouteError.invalid(
+            f"input '{TEXT_INPUT}' must have datatype BYTES, got {tensor.datatype[:32]!r}"
+        )
+    try:
+        items = (
+            decode_bytes_tensor(request.raw_input_contents[index])
+            if use_raw
+            else list(tensor.contents.bytes_contents)
+        )
+    except ValueError as exc:
+        raise RouteError.invalid(f"input '{TEXT_INPUT}': {exc}") from None
+    if len(items) != 1:
+        raise RouteError.invalid(
+            f"input '{TEXT_INPUT}' must hold exactly one element, got {len(items)}"
+        )
+    _check_shape(tensor, 1)
+    if len(items[0]) > limits.max_prompt_bytes:
+        raise RouteError.invalid(
+            f"input '{TEXT_INPUT}' is {len(items[0])} bytes; the limit is "
+            f"{limits.max_prompt_bytes} bytes (limits.max_prompt_bytes)"
+        )
+    try:
+        return items[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise RouteError.invalid(f"input '{TEXT_INPUT}' is not valid UTF-8") from None
+
+
 def _max_tokens_input(request: pb.ModelInferRequest, index: int, use_raw: bool) -> int:
     tensor = request.inputs[index]
-    if tensor.datatype not in _INT_TYPES:
+    fmt = _INT_FORMATS.get(tensor.datatype)
+    if fmt is None:
         raise RouteError.invalid(
-            f"input '{MAX_TOKENS}' must be an integer tensor, got {tensor.datatype!r}"
+            f"input '{MAX_TOKENS}' must be an integer tensor, got {tensor.datatype[:32]!r}"
         )
     if use_raw:
         raw = request.raw_input_contents[index]
-        width = 8 if tensor.datatype.endswith("64") else 4
-        if len(raw) != width:
-            raise RouteError.invalid(f"input '{MAX_TOKENS}' must hold exactly one element")
-        fmt = {4: "<i", 8: "<q"}[width]
-        if tensor.datatype.startswith("U"):
-            fmt = fmt.upper()
-        return int(struct.unpack(fmt, raw)[0])
-    values = list(tensor.contents.int_contents) or list(tensor.contents.int64_contents)
-    values = values or list(tensor.contents.uint_contents) or list(tensor.contents.uint64_contents)
+        if len(raw) != struct.calcsize(fmt):
+            raise RouteError.invalid(
+                f"input '{MAX_TOKENS}' must hold exactly one {tensor.datatype} element "
+                f"({struct.calcsize(fmt)} raw bytes), got {len(raw)} bytes"
+            )
+        values = [int(struct.unpack(fmt, raw)[0])]
+    else:
+        contents = tensor.contents
+        values = [
+            *contents.int_contents,
+            *contents.int64_contents,
+            *contents.uint_contents,
+            *contents.uint64_contents,
+        ]
     if len(values) != 1:
         raise RouteError.invalid(f"input '{MAX_TOKENS}' must hold exactly one element")
+    _check_shape(tensor, 1)
     return int(values[0])
 
 

@@ -39,14 +39,14 @@ def build_global_tier(topology: Topology) -> TierServer:
 
     def origin(hints: RouteHints) -> GeoPoint:
         """Client geo, else its declared region's location, else the global's own."""
+        if hints.client_region is not None and hints.client_region not in locations:
+            raise RouteError.invalid(
+                f"metadata '{CLIENT_REGION}': unknown region {hints.client_region!r}; "
+                f"known: {', '.join(sorted(locations))}"
+            )
         if hints.origin is not None:
             return hints.origin
         if hints.client_region is not None:
-            if hints.client_region not in locations:
-                raise RouteError.invalid(
-                    f"metadata '{CLIENT_REGION}': unknown region {hints.client_region!r}; "
-                    f"known: {', '.join(sorted(locations))}"
-                )
             return locations[hints.client_region]
         return home
 
@@ -71,4 +71,5 @@ def build_global_tier(topology: Topology) -> TierServer:
         reader=reader,
         credentials=tier_server_credentials(topology.tls, edge=True),
         admission=edge_admission(topology.auth, topology.redis_url),
+        limits=topology.limits,
     )

@@ -165,4 +165,5 @@ def build_local_tier(
         # router's trust domain).
         credentials=tier_server_credentials(topology.tls, edge=False),
         admission=inner_admission(topology.auth),
+        limits=topology.limits,
     )

@@ -95,4 +95,5 @@ def build_regional_tier(topology: Topology, region: str) -> TierServer:
         reader=reader,
         credentials=tier_server_credentials(topology.tls, edge=False),
         admission=inner_admission(topology.auth),
+        limits=topology.limits,
     )
