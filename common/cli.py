@@ -218,7 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "keygen":
             _run_keygen(args)
         elif args.command == "usage":
-            from common.usage import usage_main
+            from common.usage_cli import usage_main
 
             raise SystemExit(usage_main(args.rest))
     except ConfigError as exc:

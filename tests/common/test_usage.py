@@ -10,14 +10,8 @@ import pytest
 import redis
 
 from common.redis_embed import EmbeddedRedis, free_port
-from common.usage import (
-    UsageRecord,
-    UsageRecorder,
-    UsageTotals,
-    parse_time,
-    summarise,
-    usage_main,
-)
+from common.usage import UsageRecord, UsageRecorder, UsageTotals, summarise
+from common.usage_cli import parse_time, usage_main
 
 STATUSES = ("OK", "OK", "OK", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 TENANTS = ("acme", "globex", "initech")
