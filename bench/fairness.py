@@ -13,14 +13,18 @@ internal metadata ``x-meridian-tenant`` (which the local tier trusts from the ti
    request with a ``--flood-deadline-s`` deadline so the queue sheds it.
 4. **no fairness**: as (3), but both streams carry the same tenant id, so inside the
    central queue they are one FIFO — what the virtual token counter buys.
+5. **contended, short steady deadline**: as (3) with fewer steady requests whose deadline
+   (``--short-deadline-s``) is shorter than the flood's backlog but longer than steady's
+   contended latency: does the queue's admission check let them in?
 
-Latency is measured from each request's scheduled (Poisson) send time. The central
-queue's public ``enqueue`` is wrapped on this instance to time each tenant's wait in it
-(instrumentation only; the router's code is unchanged), and every GPU's running batch is
-sampled every 20 ms, to tell queueing apart from batch slowdown.
+Latency is measured from each request's scheduled (Poisson) send time. To tell queueing
+apart from GPU slowdown, the central queue's public ``enqueue`` is wrapped on this
+instance to time each tenant's wait in it (instrumentation only; the router's code is
+unchanged), every GPU's batch and engine FIFO are sampled every 20 ms, and the engines'
+token counters give the share of GPU time spent prefilling.
 
-    /tmp/venvtest/bin/python -m bench.fairness              # full run (~1.5 min), writes results
-    /tmp/venvtest/bin/python -m bench.fairness --steady-requests 150 --no-write
+    .venv/bin/python -m bench.fairness              # full run (~2 min), writes results
+    .venv/bin/python -m bench.fairness --steady-requests 150 --no-write
 """
 
 from __future__ import annotations

@@ -38,7 +38,13 @@ from common.resilience import (
     SlowStart,
     SlowStartConfig,
 )
-from local_lb.cost import ewma, rate_sample, request_work
+from local_lb.cost import (
+    ewma,
+    expected_completion_s,
+    outstanding_work,
+    rate_sample,
+    request_work,
+)
 from local_lb.queue import CentralQueue, QueueFull, QueueRejected, QueueTimeout
 from local_lb.state import GpuChild, LocalView
 
@@ -74,6 +80,7 @@ class LocalBalancer:
         # Called when the zone's utilisation crosses a band (its summary goes out at once).
         self.on_significant_change: Callable[[], None] = lambda: None
         self.children.add_listener(self.refresh_all)
+        self.policy_name = type(self.picker).__name__
 
     # ------------------------------------------------------------------ request side
 
@@ -90,19 +97,31 @@ class LocalBalancer:
         if not serving:
             what = f"{pick.model!r} version {pick.version!r}" if pick.version else repr(pick.model)
             raise RouteError.not_found(f"no GPU in this zone serves model {what}")
-        for gpu in self._candidates(pick, tried):
+        ranking = self.ranked(pick)
+        for gpu in self._candidates(pick, tried, ranking):
             if self.breaker.try_acquire(gpu.name):
                 self._reserve(gpu)
-                return self._lease(gpu, pick, breaker=True)
+                lease = self._lease(gpu, pick, breaker=True, tried=tried)
+                lease.extra["candidates"] = len(ranking)
+                if ranking and gpu is not ranking[0] and lease.extra["reason"] != "failover":
+                    lease.extra["reason"] = "next ranked"  # the best one's breaker was open
+                return lease
         if not any(self._routable(g) for g in serving):
             raise RouteError.unavailable(self.children.nothing_healthy(pick.model, tried))
+        queued_at = self.clock()
         gpu = await self._wait_in_queue(pick, serving, timeout)
-        return self._lease(gpu, pick, breaker=False)
+        lease = self._lease(gpu, pick, breaker=False, tried=tried)
+        lease.extra.update(
+            reason="queue", queued_s=self.clock() - queued_at, candidates=len(ranking)
+        )
+        return lease
 
-    def _candidates(self, pick: PickRequest, tried: Collection[str]) -> Iterator[GpuChild]:
+    def _candidates(
+        self, pick: PickRequest, tried: Collection[str], ranking: list[Child]
+    ) -> Iterator[GpuChild]:
         """The policy's ranking, then (on a retry whose ranked GPUs were all tried
         already) any other free GPU: a retry never queues while a GPU is free."""
-        for gpu in self.ranked(pick):
+        for gpu in ranking:
             assert isinstance(gpu, GpuChild)
             if (
                 gpu.name not in tried
@@ -119,11 +138,15 @@ class LocalBalancer:
         self, pick: PickRequest, serving: tuple[GpuChild, ...], timeout: float | None
     ) -> GpuChild:
         """Late binding: wait for the first slot any serving GPU frees."""
-        expected = self.queue.expected_wait_s(pick.priority, pick.model, self._drain_rps(serving))
-        if timeout is not None and expected > timeout:
+        drain_rps, service_s = self._drain(serving)
+        expected = self.queue.expected_wait_s(pick.priority, pick.model, drain_rps, pick.tenant)
+        # Shed at once what could not finish in time anyway: a slot given to it would
+        # be GPU work wasted (and a prefill stall for everyone in its batch).
+        if timeout is not None and expected + service_s > timeout:
             raise RouteError.exhausted(
                 f"every GPU for {pick.model!r} is full and the expected queue wait "
-                f"({expected:.2f}s) exceeds the request's remaining deadline ({timeout:.2f}s)",
+                f"({expected:.2f}s) plus service ({service_s:.2f}s) exceeds the request's "
+                f"remaining deadline ({timeout:.2f}s)",
                 retry_after_ms=max(1, int(expected * 1000)),
             )
         # A request without a deadline still waits a bounded time.
@@ -147,24 +170,51 @@ class LocalBalancer:
             raise RouteError.exhausted(f"local queue is full: {exc}", retry) from None
         return self.view.by_name[name]  # the slot was reserved for us by _hand_off
 
-    def _lease(self, gpu: GpuChild, pick: PickRequest, *, breaker: bool) -> Lease:
+    def _lease(
+        self, gpu: GpuChild, pick: PickRequest, *, breaker: bool, tried: Collection[str]
+    ) -> Lease:
         cached = 0
         if pick.prefix_blocks:
             cached = self.view.prefix.matches(pick.prefix_blocks, 8).get(gpu.name, 0)
             self.view.prefix.record(pick.prefix_blocks, gpu.name)
         work = request_work(pick.prompt_tokens, pick.max_tokens, cached * BLOCK_TOKENS)
+        now = self.clock()
+        # The completion time the policy expects (work ahead excludes this request).
+        ahead = outstanding_work(
+            gpu.outstanding_work,
+            gpu.outstanding_requests - 1,
+            self.view.reported_requests(gpu, now),
+            gpu.slots,
+        )
         gpu.outstanding_work += work
-        lease = Lease(gpu, work, self.clock(), concurrent=gpu.outstanding_requests)
-        lease.extra["breaker"] = breaker
+        lease = Lease(gpu, work, now, concurrent=gpu.outstanding_requests)
+        if tried:
+            reason = "failover"
+        elif pick.session:
+            reason = "session"
+        elif cached:
+            reason = "prefix"
+        else:
+            reason = "least expected completion"
+        lease.extra.update(
+            breaker=breaker,
+            reason=reason,
+            estimated_s=expected_completion_s(ahead, work, gpu.rate, max(gpu.share, 1e-3)),
+            policy=self.policy_name,
+        )
         return lease
 
-    def _drain_rps(self, serving: tuple[GpuChild, ...]) -> float:
-        """Requests per second the serving GPUs finish, from slots over latency."""
-        rate = 0.0
+    def _drain(self, serving: tuple[GpuChild, ...]) -> tuple[float, float]:
+        """Requests per second the serving GPUs finish (slots over latency), and the
+        typical time one request takes (0 until a latency has been learned)."""
+        rate, latency, known = 0.0, 0.0, 0
         for gpu in serving:
             if self._routable(gpu):
                 rate += gpu.slots / (gpu.latency_ewma_s or 1.0)
-        return max(rate, 1e-3)
+                if gpu.latency_ewma_s:
+                    latency += gpu.latency_ewma_s
+                    known += 1
+        return max(rate, 1e-3), latency / known if known else 0.0
 
     # ------------------------------------------------------------------ completion side
 

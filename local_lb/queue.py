@@ -246,12 +246,30 @@ class CentralQueue:
         oldest = [e.enqueued_at for lane in self._by_class if (e := self._live_first(lane))]
         return max(0.0, now - min(oldest)) if oldest else 0.0
 
-    def expected_wait_s(self, priority: str, model: str, drain_rate_rps: float) -> float:
+    def expected_wait_s(
+        self, priority: str, model: str, drain_rate_rps: float, tenant: str | None = None
+    ) -> float:
         """Entries a new ``priority`` request for ``model`` would queue behind, over the
-        rate at which that model's slots free up. Counts live entries of the same
-        model at the same or higher priority; VTC may let the newcomer's tenant
-        overtake some of its own class, so this is an upper-leaning estimate."""
-        ahead = sum(self._live_by_model.get((r, model), 0) for r in range(_RANK[priority] + 1))
+        rate at which that model's slots free up.
+
+        Every live entry of a higher class is ahead. Of its own class, without a
+        ``tenant`` all entries count (upper-leaning); with one, weighted fair sharing
+        serves the newcomer after its own backlog, the other tenants taking
+        ``total weight / own weight - 1`` turns for each of its turns — so a tenant
+        flooding the queue cannot make everyone else's expected wait look hopeless.
+        """
+        rank = _RANK[priority]
+        ahead = sum(self._live_by_model.get((r, model), 0) for r in range(rank))
+        same = self._live_by_model.get((rank, model), 0)
+        if tenant is not None and same:
+            backlog = self._backlog[rank]
+            weight = self._weights.get(tenant, 1.0)
+            total = sum(self._weights.get(t, 1.0) for t in backlog)
+            if tenant not in backlog:
+                total += weight
+            fair = (backlog.get(tenant, 0) + 1) * total / weight - 1
+            same = min(same, max(0, math.ceil(fair)))
+        ahead += same
         if ahead == 0:
             return 0.0
         return ahead / drain_rate_rps if drain_rate_rps > 0 else math.inf

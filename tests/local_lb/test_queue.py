@@ -268,6 +268,23 @@ async def test_expected_wait_counts_only_entries_ahead() -> None:
     assert queue.depth_for_model("m") == 9
 
 
+async def test_a_flooding_tenant_does_not_inflate_another_tenants_expected_wait() -> None:
+    queue, _ = make_queue()
+    for _ in range(100):
+        put(queue, "flood")
+    for _ in range(2):
+        put(queue, "steady")
+    # Without a tenant: all 102 ahead. Steady (equal weights) is served after its own 2,
+    # flood taking one turn for each of steady's: 2 + 3 ahead.
+    assert queue.expected_wait_s("standard", "m", 1.0) == 102.0
+    assert queue.expected_wait_s("standard", "m", 1.0, tenant="steady") == 5.0
+    assert queue.expected_wait_s("standard", "m", 1.0, tenant="newcomer") == 2.0
+    # The flooder itself still sees its whole backlog.
+    assert queue.expected_wait_s("standard", "m", 1.0, tenant="flood") == 102.0
+    queue.set_weight("steady", 3.0)
+    assert queue.expected_wait_s("standard", "m", 1.0, tenant="steady") == 3.0
+
+
 async def test_introspection_counts_live_entries_and_oldest_wait() -> None:
     clock = FakeClock()
     queue, _ = make_queue(clock=clock)
