@@ -18,6 +18,7 @@ import grpc
 from common.capacity import CAPACITY_HINT, decode_hint
 from common.children import Child, ChildSet
 from common.errors import RouteError
+from common.geo import great_circle_km
 from common.pick import Picker, PickRequest
 from common.routing import trailer
 
@@ -41,6 +42,9 @@ class Lease:
     started_at: float
     # Requests in flight on the child when this one started (itself included).
     concurrent: int = 1
+    # Per-attempt notes. Balancers explain their decision for the trace here:
+    # "reason", "candidates" (how many were ranked), and optionally "estimated_s",
+    # "queued_s" (time spent waiting in a queue) and "policy".
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -84,16 +88,36 @@ class RankingBalancer:
     async def acquire(
         self, pick: PickRequest, tried: Collection[str], timeout: float | None
     ) -> Lease:
-        for child in self.ranked(pick):
+        ranked = self.ranked(pick)
+        for child in ranked:
             if child.name not in tried:
                 child.outstanding_requests += 1
                 child.outstanding_work += pick.work_tokens
-                return Lease(child, pick.work_tokens, self.children.clock())
+                lease = Lease(child, pick.work_tokens, self.children.clock())
+                lease.extra.update(
+                    candidates=len(ranked), reason=self.reason(pick, child, ranked, tried)
+                )
+                return lease
         reason = self.children.nothing_healthy(pick.model, tried, pick.allowed_regions)
         if pick.allowed_regions:
             allowed = ", ".join(sorted(pick.allowed_regions))
             reason = f"data residency: this tenant may be served only in {allowed}; {reason}"
         raise RouteError.unavailable(reason)
+
+    def reason(
+        self, pick: PickRequest, child: Child, ranked: list[Child], tried: Collection[str]
+    ) -> str:
+        """Why ``child`` was chosen, for the decision span: a failover, the nearest
+        child, or a spill away from the nearest (no headroom or its share used up)."""
+        if tried:
+            return "failover"
+        origin = pick.origin
+        if origin is None or child.location is None:
+            return "ranked first"
+        nearest = min(
+            ranked, key=lambda c: great_circle_km(origin, c.location) if c.location else 1e9
+        )
+        return f"nearest {self.children.kind}" if nearest is child else "spill"
 
     def release(self, lease: Lease, outcome: Outcome) -> None:
         lease.child.outstanding_requests -= 1

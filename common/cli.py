@@ -118,6 +118,8 @@ def _run_up(args: argparse.Namespace) -> None:
         for tenant_id, key in fleet.tenant_keys.items():
             print(f"tenant {tenant_id} key {key}")
         print(f"global     listening {fleet.global_address}  (KServe V2 gRPC, model demo-llm)")
+        if topo.global_tier.ops is not None:
+            print(f"ops        http://{topo.global_tier.ops}/  (healthz readyz api/state metrics)")
         print("ready; Ctrl-C stops everything", flush=True)
         while not stop:
             for name, proc in fleet.processes.items():

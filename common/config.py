@@ -87,6 +87,7 @@ class ZoneConfig:
     location: GeoPoint
     endpoint: Endpoint
     gpus: tuple[GpuConfig, ...]
+    ops: Endpoint | None = None
 
     @property
     def models(self) -> frozenset[str]:
@@ -101,6 +102,7 @@ class RegionConfig:
     location: GeoPoint
     endpoint: Endpoint
     zones: tuple[ZoneConfig, ...]
+    ops: Endpoint | None = None
 
     @property
     def models(self) -> frozenset[str]:
@@ -113,6 +115,8 @@ class GlobalConfig:
 
     endpoint: Endpoint
     location: GeoPoint
+    # Ops HTTP (/healthz, /readyz, /api/state, /metrics); None: not served.
+    ops: Endpoint | None = None
 
 
 PRIORITY_ORDER = ("critical", "standard", "sheddable")
@@ -513,6 +517,12 @@ def _rtt_matrix(root: _Node, regions: set[str]) -> dict[str, dict[str, float]]:
     return matrix
 
 
+def _ops(node: _Node) -> Endpoint | None:
+    """The optional ``ops_listen`` address of a tier (absent: no ops HTTP)."""
+    text = node.get("ops_listen", None)
+    return None if text is None else parse_endpoint(text, node.key_path("ops_listen"))
+
+
 def topology_from_mapping(raw: Any) -> Topology:
     """Build and validate a ``Topology`` from parsed YAML."""
     root = _Node(raw, "")
@@ -520,6 +530,7 @@ def topology_from_mapping(raw: Any) -> Topology:
     global_tier = GlobalConfig(
         endpoint=parse_endpoint(glob.get("listen"), glob.key_path("listen")),
         location=_location(glob, "location"),
+        ops=_ops(glob),
     )
     glob.done()
     regions = []
@@ -535,6 +546,7 @@ def topology_from_mapping(raw: Any) -> Topology:
                     location=_location(znode, "location", rloc),
                     endpoint=parse_endpoint(znode.get("listen"), znode.key_path("listen")),
                     gpus=gpus,
+                    ops=_ops(znode),
                 )
             )
             znode.done()
@@ -545,6 +557,7 @@ def topology_from_mapping(raw: Any) -> Topology:
                 location=rloc,
                 endpoint=parse_endpoint(rnode.get("listen"), rnode.key_path("listen")),
                 zones=tuple(zones),
+                ops=_ops(rnode),
             )
         )
         rnode.done()

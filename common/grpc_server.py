@@ -15,6 +15,8 @@ RESOURCE_EXHAUSTED from gRPC itself:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
@@ -62,7 +64,8 @@ class V2Server:
     ``stop(grace)`` stops accepting, lets in-flight calls finish for ``grace``
     seconds, then cancels the rest. With ``credentials`` the port serves TLS
     (see ``common.tls``), else plaintext. ``limits`` bounds message and
-    metadata sizes (default: ``Limits()``, 4 MiB and 16 KiB).
+    metadata sizes (default: ``Limits()``, 4 MiB and 16 KiB). ``interceptors``
+    wrap every handler (``common.ops.MetricsInterceptor`` counts inference calls).
     """
 
     def __init__(
@@ -72,13 +75,16 @@ class V2Server:
         *,
         credentials: grpc.ServerCredentials | None = None,
         limits: Limits | None = None,
+        interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     ) -> None:
         self.endpoint = endpoint
         self.credentials = credentials
         self.limits = limits or Limits()
         self.port = endpoint.port
         self.health = health.aio.HealthServicer()
-        self._server = grpc.aio.server(options=server_options(self.limits))
+        self._server = grpc.aio.server(
+            options=server_options(self.limits), interceptors=list(interceptors)
+        )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         reflection.enable_server_reflection(

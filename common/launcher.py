@@ -65,7 +65,7 @@ def resolve_ports(raw: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict):
             out = {}
             for key, value in node.items():
-                if key in ("listen", "metrics_listen") and isinstance(value, str):
+                if key in ("listen", "metrics_listen", "ops_listen") and isinstance(value, str):
                     host, _, port = value.rpartition(":")
                     if port == "0":
                         value = f"{host}:{free_port(host.strip('[]'))}"

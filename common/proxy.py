@@ -12,7 +12,12 @@ service:
   while no response byte has gone back to the caller, after a jittered
   exponential back-off and inside a retry budget (Envoy's: 20% of active
   requests, at least 3);
-* the ``x-meridian-route`` trailer, each tier prepending its own name.
+* the ``x-meridian-route`` trailer, each tier prepending its own name;
+* tracing (``common.telemetry``): a server span per call, continuing the caller's
+  W3C ``traceparent``; under it a ``pick`` span per decision (with a ``queue``
+  span for time in the local queue) and a client span per forward attempt,
+  whose context goes down as the child's ``traceparent``. The tracer defaults
+  to a no-op: then each step is one cheap check and no span object is made.
 """
 
 from __future__ import annotations
@@ -25,7 +30,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
+from common import telemetry as tm
 from common.admission import Admission
 from common.attempts import Attempts, Failover, passable, with_route
 from common.balancer import Balancer, Lease, Outcome
@@ -76,9 +84,11 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         clock: Callable[[], float] = time.monotonic,
         admission: Admission | None = None,
         limits: Limits | None = None,
+        tracer: trace.Tracer | None = None,
     ) -> None:
-        self.limits = limits or Limits()
         self.spec = spec
+        self.tracer = tracer or trace.NoOpTracer()
+        self.limits = limits or Limits()
         self.children = children
         self.balancer = balancer
         self.models = frozenset(m for c in children for m in c.models)
@@ -88,6 +98,15 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         self.admission = admission or Admission(AuthConfig())
         # This tier's newest view of a model, returned to the tier above as a hint.
         self.hint_source: Callable[[str], ModelCapacity | None] = lambda model: None
+
+    @property
+    def tracer(self) -> trace.Tracer:
+        return self._tracer
+
+    @tracer.setter
+    def tracer(self, tracer: trace.Tracer) -> None:
+        self._tracer = tracer
+        self.tracing = tm.TierTracing(tracer, self.spec.tier)
 
     # ------------------------------------------------------------------ admin-ish RPCs
 
@@ -126,6 +145,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
         started = self.clock()
+        span = self.tracing.server_span("ModelInfer", context.invocation_metadata())
         hints: RouteHints | None = None
         pick: PickRequest | None = None
         code, route, tokens = grpc.StatusCode.UNKNOWN, "", 0
@@ -136,7 +156,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             release = await self.admission.admit(hints, pick)
             try:
                 response, route = await self._forward_unary(
-                    "ModelInfer", request, pick, hints, context
+                    "ModelInfer", request, pick, hints, context, span
                 )
             finally:
                 release()
@@ -159,8 +179,10 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
                     code,
                     started,
                     tokens,
-                    trace_id(hints),
+                    tm.hex_trace_id(span) or trace_id(hints),
                 )
+            tenant = hints.tenant if hints else None
+            self.tracing.end_server_span(span, tenant, request.model_name, route, code)
 
     async def ModelStreamInfer(
         self,
@@ -168,10 +190,11 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> None:
         started = self.clock()
+        span = self.tracing.server_span("ModelStreamInfer", context.invocation_metadata())
         forward: StreamForward | None = None
         code = grpc.StatusCode.UNKNOWN
         try:
-            forward = StreamForward(self, self.hints(context), context)
+            forward = StreamForward(self, self.hints(context), context, span)
             await forward.run(request_iterator)
             code = grpc.StatusCode.OK
         except RouteError as err:
@@ -191,8 +214,23 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
                     code,
                     started,
                     forward.responses,
-                    trace_id(forward.hints),
+                    tm.hex_trace_id(span) or trace_id(forward.hints),
                 )
+            self.tracing.end_server_span(
+                span,
+                forward.hints.tenant if forward else None,
+                forward.pick.model if forward and forward.pick else "",
+                forward.route if forward else "",
+                code,
+            )
+
+    def child_metadata(
+        self, hints: RouteHints, pick: PickRequest, lease: Lease, attempt: int, parent: Span
+    ) -> list[tuple[str, str]]:
+        """Downstream metadata carrying this tier's context: the attempt span's, or
+        (sampled out) the server span's, so the tiers below keep the sampling decision."""
+        metadata = self.downstream_metadata(hints, pick, attempt)
+        return tm.inject_context(metadata, lease.extra.get("span") or parent)
 
     # ------------------------------------------------------------------ shared mechanics
 
@@ -257,7 +295,11 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         return hints.downstream_metadata(pick.origin, hints.attempt + attempt, pick.prefix_blocks)
 
     async def next_lease(
-        self, pick: PickRequest, attempts: Attempts, context: grpc.aio.ServicerContext
+        self,
+        pick: PickRequest,
+        attempts: Attempts,
+        context: grpc.aio.ServicerContext,
+        parent: Span = trace.INVALID_SPAN,
     ) -> Lease:
         """Reserve the child for the next attempt: after a back-off, inside the budget."""
         n = len(attempts.tried)
@@ -271,12 +313,18 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
                     raise attempts.error(self.children.kind, pick.model)
                 attempts.holding_retry = True
             await asyncio.sleep(backoff_delay_s(n, self.rng))
+        started = self.tracing.decision_started(parent)
         try:
             lease = await self.balancer.acquire(pick, attempts.tried, self.timeout(context))
         except RouteError as err:
+            self.tracing.record_decision(parent, started, code=err.code)
             if n and err.code == grpc.StatusCode.UNAVAILABLE:
                 raise attempts.error(self.children.kind, pick.model) from None
             raise
+        except asyncio.CancelledError:
+            self.tracing.record_decision(parent, started, code=grpc.StatusCode.CANCELLED)
+            raise
+        self.tracing.record_decision(parent, started, lease)
         attempts.tried.append(lease.child.name)
         return lease
 
@@ -295,10 +343,11 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
 
     def settle(self, lease: Lease, code: grpc.StatusCode, trailers: Any, detail: str = "") -> None:
         tokens = lease.extra.get("max_tokens", 0) if code == grpc.StatusCode.OK else 0
-        self.balancer.release(
-            lease,
-            Outcome(code, self.clock() - lease.started_at, tokens, trailers, detail),
-        )
+        elapsed = self.clock() - lease.started_at
+        span = lease.extra.pop("span", None)
+        if span is not None:
+            tm.end_span(span, code, detail, {tm.ACTUAL_S: elapsed})
+        self.balancer.release(lease, Outcome(code, elapsed, tokens, trailers, detail))
 
     def failover_or_raise(self, lease: Lease, exc: grpc.aio.AioRpcError) -> Failover:
         """Settle a failed attempt; the Failover to record, or the RouteError to return."""
@@ -321,6 +370,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         pick: PickRequest,
         hints: RouteHints,
         context: grpc.aio.ServicerContext,
+        span: Span = trace.INVALID_SPAN,
     ) -> tuple[Any, str]:
         """The child's response and the route it took."""
         attempts = Attempts()
@@ -328,13 +378,15 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         try:
             while True:
                 try:
-                    lease = await self.next_lease(pick, attempts, context)
+                    lease = await self.next_lease(pick, attempts, context, span)
                     lease.extra.update(max_tokens=pick.max_tokens, model=pick.model)
+                    n = len(attempts.tried) - 1
+                    self.tracing.begin_attempt(method, lease, hints.attempt + n, span)
                     timeout = self.lease_timeout(lease, context)
                     assert lease.child.stub is not None
                     call = getattr(lease.child.stub, method)(
                         request,
-                        metadata=self.downstream_metadata(hints, pick, len(attempts.tried) - 1),
+                        metadata=self.child_metadata(hints, pick, lease, n, span),
                         timeout=timeout,
                     )
                     try:

@@ -16,6 +16,8 @@ from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
 from common.attempts import Attempts, with_route
 from common.balancer import Lease
@@ -33,9 +35,14 @@ class StreamForward:
     """One client stream relayed to one child stream, with failover before the first byte."""
 
     def __init__(
-        self, proxy: InferenceProxy, hints: RouteHints, context: grpc.aio.ServicerContext
+        self,
+        proxy: InferenceProxy,
+        hints: RouteHints,
+        context: grpc.aio.ServicerContext,
+        span: Span = trace.INVALID_SPAN,
     ) -> None:
         self.proxy = proxy
+        self.span = span  # the tier's server span: decisions and attempts nest under it
         self.hints = hints
         self.context = context
         self.attempts = Attempts()
@@ -113,14 +120,16 @@ class StreamForward:
         """Open the stream on the next child and replay what it missed (lock held)."""
         assert self.pick is not None
         self.proxy.end_attempt(self.attempts)
-        self.lease = await self.proxy.next_lease(self.pick, self.attempts, self.context)
+        self.lease = await self.proxy.next_lease(self.pick, self.attempts, self.context, self.span)
         self.lease.extra.update(max_tokens=self.pick.max_tokens, model=self.pick.model)
+        n = len(self.attempts.tried) - 1
+        self.proxy.tracing.begin_attempt(
+            "ModelStreamInfer", self.lease, self.hints.attempt + n, self.span
+        )
         child = self.lease.child
         assert child.stub is not None
         self.call = child.stub.ModelStreamInfer(
-            metadata=self.proxy.downstream_metadata(
-                self.hints, self.pick, len(self.attempts.tried) - 1
-            ),
+            metadata=self.proxy.child_metadata(self.hints, self.pick, self.lease, n, self.span),
             timeout=self.proxy.lease_timeout(self.lease, self.context),
         )
         for request in self.replay or ():

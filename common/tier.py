@@ -24,7 +24,9 @@ from common.capacity import CapacityPublisher, CapacityReader
 from common.children import ChildSet
 from common.config import Endpoint, Limits
 from common.grpc_server import V2Server
+from common.ops import CountingRetryBudget, OpsServer, TierMetrics
 from common.proxy import InferenceProxy, TierSpec
+from common.telemetry import Telemetry
 
 log = logging.getLogger(__name__)
 
@@ -82,19 +84,43 @@ class TierServer:
     services: list[Service] = field(default_factory=list)
     admission: Admission | None = None
     limits: Limits = field(default_factory=Limits)
+    telemetry: Telemetry | None = None
     # TLS for the served port (common.tls.tier_server_credentials); None: plaintext.
     credentials: grpc.ServerCredentials | None = None
+    # Ops HTTP (common.ops) on this address, named ``name`` in /api/state; None: not served.
+    ops: Endpoint | None = None
+    name: str = ""
+    # Configured tenant ids: the only values the metrics' tenant label takes.
+    tenants: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         self.proxy = InferenceProxy(
-            self.spec, self.children, self.balancer, admission=self.admission, limits=self.limits
+            self.spec,
+            self.children,
+            self.balancer,
+            admission=self.admission,
+            limits=self.limits,
+            tracer=self.telemetry.tracer if self.telemetry is not None else None,
         )
         self._ready = True
         self._started = False
         self._pending: set[asyncio.Task[None]] = set()
-        self.server = V2Server(
-            self.proxy, self.endpoint, credentials=self.credentials, limits=self.limits
+        self.metrics = TierMetrics(
+            self.spec.tier,
+            self.children,
+            models=frozenset(m for c in self.children for m in c.models),
+            tenants=self.tenants,
+            trust_tenant=self.spec.trust_internal,
         )
+        self.proxy.retry_budget = CountingRetryBudget(self.metrics.retries.labels(self.spec.tier))
+        self.server = V2Server(
+            self.proxy,
+            self.endpoint,
+            credentials=self.credentials,
+            limits=self.limits,
+            interceptors=[self.metrics.interceptor()],
+        )
+        self.ops_server = None if self.ops is None else OpsServer(self.ops, self.name, self.metrics)
         if self.publisher is not None:
             self.children.add_listener(self.publisher.poke)
             self.proxy.hint_source = self.publisher.latest_entry
@@ -123,6 +149,8 @@ class TierServer:
         for service in self.services:
             await service.start()
         await self.server.start()
+        if self.ops_server is not None:
+            await self.ops_server.start()
         self._ready = self.children.any_healthy()
         await self.server.set_serving(self._ready)
         self._started = True
@@ -130,7 +158,11 @@ class TierServer:
             self.publisher.start()
 
     async def stop(self, grace: float = 5.0) -> None:
+        if self.ops_server is not None:
+            self.ops_server.draining = True
         await self.server.stop(grace)
+        if self.ops_server is not None:
+            await self.ops_server.stop()
         if self.publisher is not None:
             await self.publisher.stop()
         if self.reader is not None:
@@ -140,11 +172,15 @@ class TierServer:
         if self.admission is not None:
             await self.admission.stop()
         await self.children.stop()
+        if self.telemetry is not None:
+            self.telemetry.shutdown()
 
     async def serve_until(self, stop_event: asyncio.Event, grace: float = 5.0) -> None:
         """Start, print where it listens, run until ``stop_event``, stop gracefully."""
         await self.start()
         print(f"{self.spec.tier} listening {self.server.address}", flush=True)
+        if self.ops_server is not None:
+            print(f"{self.spec.tier} ops http://{self.ops_server.address}/", flush=True)
         try:
             await stop_event.wait()
         finally:

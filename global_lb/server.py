@@ -12,6 +12,7 @@ from common.geo import GeoPoint
 from common.proxy import TierSpec
 from common.resilience import SlowStartConfig
 from common.routing import CLIENT_REGION, RouteHints
+from common.telemetry import setup_tracing
 from common.tier import TierServer
 from common.tls import tier_channel_credentials, tier_server_credentials
 from global_lb.picker import RegionPicker
@@ -72,4 +73,8 @@ def build_global_tier(topology: Topology) -> TierServer:
         credentials=tier_server_credentials(topology.tls, edge=True),
         admission=edge_admission(topology.auth, topology.redis_url),
         limits=topology.limits,
+        ops=topology.global_tier.ops,
+        name="global",
+        tenants=frozenset(t.id for t in topology.auth.tenants),
+        telemetry=setup_tracing("meridian-global"),
     )

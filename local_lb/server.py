@@ -12,9 +12,11 @@ from common.capacity import CapacityPublisher, zone_stream
 from common.children import ChildSet
 from common.config import ConfigError, GpuConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
+from common.ops import EjectionCounter, add_local_metrics
 from common.proxy import TierSpec
 from common.resilience import SlowStartConfig
 from common.routing import RouteHints
+from common.telemetry import setup_tracing
 from common.tier import Ticker, TierServer, source_id
 from common.tls import tier_server_credentials
 from local_lb.balancer import LocalBalancer
@@ -154,16 +156,27 @@ def build_local_tier(
         # A GPU that sheds load is reported up, so the regional tier can try another zone.
         failover_codes=frozenset({grpc.StatusCode.UNAVAILABLE}),
     )
-    return TierServer(
+    ejections = EjectionCounter(balancer.outlier.ejected_keys)
+    tier = TierServer(
         spec,
         children,
         balancer,
         zone_cfg.endpoint,
         publisher=publisher,
-        services=[monitor, Ticker(balancer.refresh_all, topology.health_interval_s / 2)],
+        services=[
+            monitor,
+            Ticker(balancer.refresh_all, topology.health_interval_s / 2),
+            Ticker(ejections.poll, topology.health_interval_s / 2),
+        ],
         # Mutual TLS towards the regional tier; GPU workers stay plaintext (outside the
         # router's trust domain).
         credentials=tier_server_credentials(topology.tls, edge=False),
         admission=inner_admission(topology.auth),
         limits=topology.limits,
+        ops=zone_cfg.ops,
+        name=zone,
+        tenants=frozenset(t.id for t in topology.auth.tenants),
+        telemetry=setup_tracing("meridian-local"),
     )
+    add_local_metrics(tier.metrics, balancer.queue.depth_by_priority, ejections)
+    return tier

@@ -13,6 +13,7 @@ from common.geo import GeoPoint
 from common.proxy import TierSpec
 from common.resilience import SlowStartConfig
 from common.routing import RouteHints
+from common.telemetry import setup_tracing
 from common.tier import TierServer, source_id
 from common.tls import tier_channel_credentials, tier_server_credentials
 from regional_lb.picker import ZonePicker
@@ -96,4 +97,8 @@ def build_regional_tier(topology: Topology, region: str) -> TierServer:
         credentials=tier_server_credentials(topology.tls, edge=False),
         admission=inner_admission(topology.auth),
         limits=topology.limits,
+        ops=region_cfg.ops,
+        name=region,
+        tenants=frozenset(t.id for t in topology.auth.tenants),
+        telemetry=setup_tracing("meridian-regional"),
     )
