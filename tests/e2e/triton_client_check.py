@@ -12,14 +12,16 @@ import numpy as np
 import tritonclient.grpc as grpcclient
 
 address = sys.argv[1]
+# Optional API key (a fleet with authentication on, e.g. `make up`).
+auth = {"authorization": f"Bearer {sys.argv[2]}"} if len(sys.argv) > 2 else {}
 client = grpcclient.InferenceServerClient(url=address)
 out: dict[str, object] = {
     "live": client.is_server_live(),
     "ready": client.is_server_ready(),
-    "model_ready": client.is_model_ready("demo-llm"),
+    "model_ready": client.is_model_ready("demo-llm", headers=auth),
     "server_name": client.get_server_metadata().name,
 }
-meta = client.get_model_metadata("demo-llm")
+meta = client.get_model_metadata("demo-llm", headers=auth)
 out["inputs"] = [(t.name, t.datatype) for t in meta.inputs]
 out["outputs"] = [(t.name, t.datatype) for t in meta.outputs]
 
@@ -34,14 +36,14 @@ result = client.infer(
     "demo-llm",
     [text_input("tell me about routers")],
     parameters={"max_tokens": 6},
-    headers={"x-meridian-client-geo": "53.35,-6.26"},
+    headers={"x-meridian-client-geo": "53.35,-6.26", **auth},
 )
 out["unary_text"] = result.as_numpy("text_output")[0].decode()
 
 responses: "queue.Queue[object]" = queue.Queue()
 client.start_stream(
     callback=lambda result, error: responses.put((result, error)),
-    headers={"x-meridian-client-geo": "1.35,103.82"},
+    headers={"x-meridian-client-geo": "1.35,103.82", **auth},
 )
 client.async_stream_infer(
     "demo-llm", [text_input("stream this please")], parameters={"max_tokens": 5}
