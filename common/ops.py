@@ -33,12 +33,14 @@ from typing import Any
 import grpc
 from aiohttp import web
 from google.protobuf.json_format import MessageToDict
+from opentelemetry.sdk.trace import ReadableSpan
 
 from common.children import ChildSet
 from common.config import Endpoint
 from common.metrics import CONTENT_TYPE, CallbackCounter, CallbackGauge, CounterChild, Registry
 from common.resilience import RetryBudget, RetryBudgetConfig
 from common.routing import TENANT
+from common.telemetry import RecentSpans
 
 INFER_METHODS = frozenset({"ModelInfer", "ModelStreamInfer"})
 UNKNOWN_LABEL = "-"
@@ -248,6 +250,24 @@ def child_state(children: ChildSet, now: float) -> list[dict[str, Any]]:
     return out
 
 
+def span_json(span: ReadableSpan) -> dict[str, Any]:
+    """One finished span as the dashboard and `/api/traces` show it."""
+    ctx = span.get_span_context()
+    parent = span.parent
+    return {
+        "name": span.name,
+        "span_id": f"{ctx.span_id:016x}" if ctx else "",
+        "parent_id": f"{parent.span_id:016x}" if parent else None,
+        "start_ns": span.start_time,
+        "end_ns": span.end_time,
+        "attributes": {
+            k: v if isinstance(v, str | int | float | bool) else str(v)
+            for k, v in (span.attributes or {}).items()
+        },
+        "status": span.status.status_code.name,
+    }
+
+
 class OpsServer:
     """The ops HTTP endpoint of one tier; owns its aiohttp runner.
 
@@ -263,6 +283,8 @@ class OpsServer:
         self.port = endpoint.port
         # Set when the tier begins to stop: /readyz answers 503 from then on.
         self.draining = False
+        # The tier's recent finished spans (None when traces are exported instead).
+        self.recent: RecentSpans | None = None
         self._runner: web.AppRunner | None = None
 
     @property
@@ -275,6 +297,7 @@ class OpsServer:
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/api/state", self._state)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_get("/api/traces", self._traces)
         return app
 
     async def start(self) -> None:
@@ -315,6 +338,28 @@ class OpsServer:
             "children": child_state(self.children, self.children.clock()),
         }
         return web.json_response(body)
+
+    async def _traces(self, request: web.Request) -> web.Response:
+        """Recent traces of this tier, newest first (``?limit=N``, default 50)."""
+        try:
+            limit = max(1, min(500, int(request.query.get("limit", "50"))))
+        except ValueError:
+            return web.json_response({"error": "limit must be an integer"}, status=400)
+        if self.recent is None:
+            return web.json_response({"traces": [], "note": "spans are exported over OTLP"})
+        traces = sorted(
+            self.recent.traces().items(),
+            key=lambda item: max(span.start_time or 0 for span in item[1]),
+            reverse=True,
+        )[:limit]
+        return web.json_response(
+            {
+                "traces": [
+                    {"trace_id": tid, "spans": [span_json(s) for s in spans]}
+                    for tid, spans in traces
+                ]
+            }
+        )
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(

@@ -121,6 +121,8 @@ class TierServer:
             interceptors=[self.metrics.interceptor()],
         )
         self.ops_server = None if self.ops is None else OpsServer(self.ops, self.name, self.metrics)
+        if self.ops_server is not None and self.telemetry is not None:
+            self.ops_server.recent = self.telemetry.recent
         if self.publisher is not None:
             self.children.add_listener(self.publisher.poke)
             self.proxy.hint_source = self.publisher.latest_entry
