@@ -53,7 +53,11 @@ from common.streaming import StreamForward
 from common.v2 import MAX_NAME_CHARS, GenerateRequest, parse_generate
 
 VERSION = "0.1.0"
-UPPER_TIER_FAILOVER = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED})
+# CANCELLED from a child (not from our caller, whose cancellation ends this handler
+# instead) means the child is shutting down: as safe to re-send as UNAVAILABLE.
+UPPER_TIER_FAILOVER = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}
+)
 
 
 @dataclass(frozen=True)

@@ -71,6 +71,10 @@ class Ticker:
                 log.exception("periodic refresh failed")
 
 
+# How long a stopping tier keeps accepting after it said NOT_SERVING.
+DRAIN_NOTICE_S = 0.3
+
+
 @dataclass
 class TierServer:
     """One running tier: serves V2 on ``endpoint`` and forwards to ``children``."""
@@ -162,6 +166,11 @@ class TierServer:
     async def stop(self, grace: float = 5.0) -> None:
         if self.ops_server is not None:
             self.ops_server.draining = True
+        if self._started and grace > 0:
+            # Say NOT_SERVING first and give the tier above (watching our health) a
+            # moment to stop sending, so few new calls race with the shutdown.
+            await self.server.set_serving(False)
+            await asyncio.sleep(min(DRAIN_NOTICE_S, grace))
         await self.server.stop(grace)
         if self.ops_server is not None:
             await self.ops_server.stop()

@@ -154,7 +154,7 @@ def build_local_tier(
         trust_internal=True,
         resolve_origin=origin,
         # A GPU that sheds load is reported up, so the regional tier can try another zone.
-        failover_codes=frozenset({grpc.StatusCode.UNAVAILABLE}),
+        failover_codes=frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}),
     )
     ejections = EjectionCounter(balancer.outlier.ejected_keys)
     tier = TierServer(
