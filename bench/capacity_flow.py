@@ -35,7 +35,6 @@ import os
 import random
 import shutil
 import statistics
-import subprocess
 import tempfile
 import threading
 import time
@@ -49,7 +48,7 @@ import redis
 import redis.asyncio as aioredis
 import yaml
 
-from bench.pick_time import machine
+from bench.report import machine, pct, revision
 from common.capacity import (
     SUMMARY_FIELD,
     CapacityPublisher,
@@ -58,10 +57,9 @@ from common.capacity import (
     region_stream,
     zone_stream,
 )
-from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
-from common.launcher import DEMO_FLEET, Fleet
+from common.launcher import DEMO_FLEET, Fleet, tier_ready
 from common.redis_embed import EmbeddedRedis
 from common.routing import CLIENT_GEO, ROUTE, trailer
 from common.v2 import generate_request
@@ -74,14 +72,6 @@ READY_POLL_S = 0.01
 
 
 # ---------------------------------------------------------------------- shared helpers
-
-
-def pct(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in [0, 1]); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, int(q * len(ordered) + 0.999999) - 1))]
 
 
 def ms(value: float | None) -> str:
@@ -103,21 +93,7 @@ def fleet_spec(time_scale: float) -> dict[str, Any]:
 
 
 def all_ready(addresses: Sequence[str], credentials: grpc.ChannelCredentials | None) -> bool:
-    for address in addresses:
-        if credentials is None:
-            channel = grpc.insecure_channel(address)
-        else:
-            channel = grpc.secure_channel(address, credentials)
-        with channel:
-            try:
-                reply = pb_grpc.GRPCInferenceServiceStub(channel).ServerReady(
-                    pb.ServerReadyRequest(), timeout=0.2
-                )
-            except grpc.RpcError:
-                return False
-            if not reply.ready:
-                return False
-    return True
+    return all(tier_ready(a, credentials, timeout_s=0.2) for a in addresses)
 
 
 def restart_precisely(fleet: Fleet, name: str, addresses: Sequence[str], timeout_s: float) -> float:
@@ -662,25 +638,6 @@ def failover(
 
 
 # ---------------------------------------------------------------------- report
-
-
-def revision() -> dict[str, Any]:
-    """The commit measured, and whether the working tree differed from it."""
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*cmd: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", *cmd], cwd=root, capture_output=True, text=True, timeout=10
-            )
-        except (OSError, subprocess.SubprocessError):
-            return ""
-        return done.stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(git("status", "-uno", "--porcelain")),
-    }
 
 
 def _stats(values: Sequence[float]) -> str:

@@ -37,7 +37,6 @@ import math
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from collections import Counter, defaultdict
@@ -48,16 +47,17 @@ from typing import Any
 
 import grpc
 
-from bench.pick_time import machine
+from bench.report import machine, pct, revision
 from common.config import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.redis_embed import EmbeddedRedis, free_port
+from common.redis_embed import EmbeddedRedis
 from common.routing import PRIORITY, TENANT
 from common.tier import TierServer
 from common.v2 import generate_request
 from local_lb.queue import CentralQueue, QueuedRequest
 from local_lb.server import build_local_tier
 from sim.engine import DECODE_STEP_BASE_S, DECODE_STEP_PER_SEQ_S, PREFILL_S_PER_TOKEN
+from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
 
 MODEL = "bench-llm"
@@ -77,44 +77,19 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def zone_topology(redis_url: str, gpus: int, slots: int, health_interval_s: float) -> Topology:
+    tenants = [{"id": t, "api_key_sha256": [], "weight": 1.0} for t in (STEADY, FLOOD)]
     return topology_from_mapping(
-        {
-            "redis_url": redis_url,
-            "slow_start_window_s": 0,
-            "health_interval_s": health_interval_s,
-            "global": {"listen": "127.0.0.1:1", "location": {"lat": 0, "lon": 0}},
-            "auth": {
-                "enabled": False,
-                "tenants": [
-                    {"id": STEADY, "api_key_sha256": [], "weight": 1.0},
-                    {"id": FLOOD, "api_key_sha256": [], "weight": 1.0},
-                ],
-            },
-            "regions": [
-                {
-                    "name": REGION,
-                    "location": {"lat": 0, "lon": 0},
-                    "listen": "127.0.0.1:2",
-                    "zones": [
-                        {
-                            "name": ZONE,
-                            "listen": f"127.0.0.1:{free_port()}",
-                            "gpus": [
-                                {
-                                    "name": f"g{i}",
-                                    "hardware": "A100",
-                                    "models": [MODEL],
-                                    "max_concurrency": slots,
-                                    "listen": f"127.0.0.1:{free_port()}",
-                                    "metrics_listen": f"127.0.0.1:{free_port()}",
-                                }
-                                for i in range(gpus)
-                            ],
-                        }
-                    ],
-                }
-            ],
-        }
+        one_zone_mapping(
+            redis_url,
+            gpus=gpus,
+            model=MODEL,
+            max_concurrency=slots,
+            region=REGION,
+            zone=ZONE,
+            slow_start_window_s=0,
+            health_interval_s=health_interval_s,
+            auth={"enabled": False, "tenants": tenants},
+        )
     )
 
 
@@ -326,14 +301,6 @@ async def settle(tier: TierServer, timeout_s: float = 10.0) -> None:
 
 
 # ---------------------------------------------------------------------- one phase
-
-
-def pct(values: Sequence[float], q: float) -> float | None:
-    """Nearest-rank percentile (q in [0, 1]); None for no values."""
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
 
 
 @dataclass(frozen=True)
@@ -581,25 +548,6 @@ async def bench(args: argparse.Namespace) -> Rig:
 
 
 # ---------------------------------------------------------------------- report
-
-
-def revision() -> dict[str, Any]:
-    """The commit measured, and whether the working tree differed from it."""
-    root = Path(__file__).resolve().parent.parent
-
-    def git(*cmd: str) -> str:
-        try:
-            done = subprocess.run(
-                ["git", *cmd], cwd=root, capture_output=True, text=True, timeout=10
-            )
-        except (OSError, subprocess.SubprocessError):
-            return ""
-        return done.stdout.strip()
-
-    return {
-        "commit": git("rev-parse", "--short", "HEAD"),
-        "dirty": bool(git("status", "-uno", "--porcelain")),
-    }
 
 
 def ratio(phase: Phase, alone: Phase) -> float | None:

@@ -15,18 +15,15 @@ the picker's own cost is measured.
 from __future__ import annotations
 
 import argparse
-import datetime as dt
 import gc
 import json
-import os
-import platform
 import random
 import statistics
-import sys
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from bench.report import machine
 from common.config import HARDWARE_SPEED, Endpoint
 from common.pick import PickRequest
 from common.prefix import BLOCK_TOKENS
@@ -144,25 +141,6 @@ def time_policy(
         p99_us=samples[min(len(samples) - 1, int(0.99 * len(samples)))] / 1000,
         mean_us=statistics.fmean(samples) / 1000,
     )
-
-
-def machine() -> dict[str, str | int | None]:
-    cpu = platform.processor() or ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "python": sys.version.split()[0],
-        "implementation": platform.python_implementation(),
-        "platform": platform.platform(),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-    }
 
 
 def markdown(cells: list[Cell], info: dict[str, str | int | None], ratio: float | None) -> str:

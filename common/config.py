@@ -217,7 +217,6 @@ class Topology:
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig | None = None
     limits: Limits = field(default_factory=Limits)
-    extra: Mapping[str, Any] = field(default_factory=dict)
 
     @property
     def models(self) -> frozenset[str]:

@@ -233,7 +233,7 @@ class Fleet:
         """Until ``proc`` serves: ServerReady=true for tiers, every GPU port for workers."""
         credentials = self.credentials_for(proc.name)
         for address in self._addresses(proc.name):
-            while not _ready(address, credentials):
+            while not tier_ready(address, credentials):
                 if not proc.alive():
                     raise RuntimeError(f"{proc.name} exited at start; see {proc.log_path}")
                 if time.monotonic() > deadline:
@@ -270,7 +270,10 @@ class Fleet:
             self.redis.close()
 
 
-def _ready(address: str, credentials: grpc.ChannelCredentials | None = None) -> bool:
+def tier_ready(
+    address: str, credentials: grpc.ChannelCredentials | None = None, timeout_s: float = 0.5
+) -> bool:
+    """True when the V2 server at ``address`` answers ServerReady with ready=true."""
     if credentials is None:
         channel = grpc.insecure_channel(address)
     else:
@@ -278,7 +281,7 @@ def _ready(address: str, credentials: grpc.ChannelCredentials | None = None) -> 
     with channel:
         try:
             reply = pb_grpc.GRPCInferenceServiceStub(channel).ServerReady(
-                pb.ServerReadyRequest(), timeout=0.5
+                pb.ServerReadyRequest(), timeout=timeout_s
             )
         except grpc.RpcError:
             return False

@@ -106,7 +106,7 @@ class LocalBalancer:
                 if ranking and gpu is not ranking[0] and lease.extra["reason"] != "failover":
                     lease.extra["reason"] = "next ranked"  # the best one's breaker was open
                 return lease
-        if not any(self._routable(g) for g in serving):
+        if not any(g.usable for g in serving):
             raise RouteError.unavailable(self.children.nothing_healthy(pick.model, tried))
         queued_at = self.clock()
         gpu = await self._wait_in_queue(pick, serving, timeout)
@@ -209,7 +209,7 @@ class LocalBalancer:
         typical time one request takes (0 until a latency has been learned)."""
         rate, latency, known = 0.0, 0.0, 0
         for gpu in serving:
-            if self._routable(gpu):
+            if gpu.usable:
                 rate += gpu.slots / (gpu.latency_ewma_s or 1.0)
                 if gpu.latency_ewma_s:
                     latency += gpu.latency_ewma_s
@@ -271,13 +271,10 @@ class LocalBalancer:
 
     def _hand_off(self, gpu: GpuChild) -> None:
         """Give the GPU's free slots to queued requests, best first."""
-        while len(self.queue) and self._routable(gpu) and gpu.free_slots > 0:
+        while len(self.queue) and gpu.usable and gpu.free_slots > 0:
             if not self.queue.offer(gpu.name, gpu.models):
                 return
             self._reserve(gpu)
-
-    def _routable(self, gpu: GpuChild) -> bool:
-        return gpu.routable and gpu.healthy and not gpu.ejected
 
     # ------------------------------------------------------------------ state changes
 

@@ -51,12 +51,11 @@ def zone_summary(
     busy: dict[str, int] = {}
     now = time.monotonic()
     for gpu in view.gpus:
-        usable = gpu.healthy and gpu.routable and not gpu.ejected
         sample = view.load.get(gpu.name, now, view.report_max_age_s)
         for model in sorted(gpu.models):
             entry = models.setdefault(model, capacity_pb2.ModelCapacity(model=model))
             entry.total_gpus += 1
-            if not usable:
+            if not gpu.usable:
                 continue
             entry.healthy_gpus += 1
             entry.total_slots += gpu.slots

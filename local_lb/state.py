@@ -28,10 +28,7 @@ class GpuChild(Child):
     # Service rate in work units per second (decode-token equivalents), learned online.
     rate: float = 1.0
     latency_ewma_s: float = 0.0
-    # Routable: healthy, not ejected, not drained.
-    routable: bool = True
     ejected: bool = False
-    weight: float = 1.0
     share: float = 1.0  # slow-start factor, refreshed by the balancer
 
     # healthy_since of the recovery slow start was last started for.
@@ -40,6 +37,11 @@ class GpuChild(Child):
     @property
     def free_slots(self) -> int:
         return self.slots - self.outstanding_requests
+
+    @property
+    def usable(self) -> bool:
+        """Routable at all: healthy by direct evidence and not ejected."""
+        return self.healthy and not self.ejected
 
     def serves(self, model: str, version: str = "") -> bool:
         if model not in self.models:
@@ -188,7 +190,7 @@ class LocalView:
 
     def refresh(self, gpu: GpuChild) -> None:
         """Put ``gpu`` in or out of its models' free pools after any state change."""
-        available = gpu.routable and gpu.healthy and not gpu.ejected and gpu.free_slots > 0
+        available = gpu.usable and gpu.free_slots > 0
         for model in gpu.models:
             if available:
                 self.free[model].add(gpu)

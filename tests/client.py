@@ -153,3 +153,19 @@ class LoadLoop:
     def failures(self) -> list[Sample]:
         with self._lock:
             return [s for s in self.samples if s.code != grpc.StatusCode.OK]
+
+
+def gpu_metric(fleet: object, name: str) -> float:
+    """``name`` summed over every label set on every emulated GPU's /metrics in ``fleet``."""
+    import urllib.request
+
+    total = 0.0
+    for region in fleet.topology.regions:  # type: ignore[attr-defined]
+        for zone in region.zones:
+            for gpu in zone.gpus:
+                url = f"http://{gpu.metrics_endpoint.address}/metrics"
+                with urllib.request.urlopen(url, timeout=5) as reply:
+                    for line in reply.read().decode().splitlines():
+                        if line.startswith((f"{name}{{", f"{name} ")):
+                            total += float(line.rsplit(" ", 1)[1])
+    return total

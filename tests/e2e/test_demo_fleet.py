@@ -6,7 +6,6 @@ import json
 import subprocess
 import sys
 import time
-import urllib.request
 from pathlib import Path
 
 import grpc
@@ -18,7 +17,7 @@ from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.meridian.v1 import capacity_pb2
 from common.launcher import Fleet
 from common.v2 import generate_request, response_text
-from tests.client import V2Client, expect_code, region_of, zone_of
+from tests.client import V2Client, expect_code, gpu_metric, region_of, zone_of
 
 DUBLIN = ("x-meridian-client-geo", "53.35,-6.26")
 SINGAPORE = ("x-meridian-client-geo", "1.35,103.82")
@@ -32,16 +31,7 @@ def client(demo_fleet: Fleet):
 
 def served_requests(fleet: Fleet) -> float:
     """Successful requests counted by every emulated GPU's /metrics."""
-    total = 0.0
-    for region in fleet.topology.regions:
-        for zone in region.zones:
-            for gpu in zone.gpus:
-                url = f"http://{gpu.metrics_endpoint.address}/metrics"
-                with urllib.request.urlopen(url, timeout=5) as reply:
-                    for line in reply.read().decode().splitlines():
-                        if line.startswith("vllm:request_success_total"):
-                            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return gpu_metric(fleet, "vllm:request_success_total")
 
 
 def test_unary_through_all_three_tiers(client: V2Client) -> None:
@@ -202,16 +192,7 @@ def test_deadline_passes_down_and_work_is_released(client: V2Client, demo_fleet:
 
 
 def running_requests(fleet: Fleet) -> float:
-    total = 0.0
-    for region in fleet.topology.regions:
-        for zone in region.zones:
-            for gpu in zone.gpus:
-                url = f"http://{gpu.metrics_endpoint.address}/metrics"
-                with urllib.request.urlopen(url, timeout=5) as reply:
-                    for line in reply.read().decode().splitlines():
-                        if line.startswith("vllm:num_requests_running"):
-                            total += float(line.rsplit(" ", 1)[1])
-    return total
+    return gpu_metric(fleet, "vllm:num_requests_running")
 
 
 def test_summaries_read_back_from_redis(demo_fleet: Fleet) -> None:

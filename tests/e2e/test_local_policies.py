@@ -6,7 +6,6 @@ import asyncio
 import random
 import statistics
 import time
-import urllib.request
 from collections.abc import Callable
 
 import grpc
@@ -14,6 +13,7 @@ import grpc
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.launcher import Fleet
 from common.v2 import generate_request
+from tests.client import gpu_metric
 from tests.conftest import small_fleet_spec
 
 SYSTEM_PROMPTS = 40
@@ -23,19 +23,8 @@ CONCURRENCY = 8
 
 def worker_counters(fleet: Fleet) -> tuple[float, float]:
     """(prefix-cache hit tokens, prompt tokens) summed over every GPU's /metrics."""
-    hits = prompts = 0.0
-    for region in fleet.topology.regions:
-        for zone in region.zones:
-            for gpu in zone.gpus:
-                url = f"http://{gpu.metrics_endpoint.address}/metrics"
-                with urllib.request.urlopen(url, timeout=5) as reply:
-                    for line in reply.read().decode().splitlines():
-                        value = float(line.rsplit(" ", 1)[1]) if not line.startswith("#") else 0
-                        if line.startswith("meridian_sim_prefix_cache_hit_tokens_total"):
-                            hits += value
-                        elif line.startswith("vllm:prompt_tokens_total"):
-                            prompts += value
-    return hits, prompts
+    hits = gpu_metric(fleet, "meridian_sim_prefix_cache_hit_tokens_total")
+    return hits, gpu_metric(fleet, "vllm:prompt_tokens_total")
 
 
 async def shared_prefix_load(address: str) -> list[float]:
@@ -88,5 +77,5 @@ def test_default_policy_hits_the_prefix_cache_more_than_least_connections(
     )
     assert default_hit > baseline_hit + 0.05
     # Latency no worse: the two runs are sequential on a noisy 2-core machine, so the
-    # comparison allows 30 % of noise (measured side by side they are within a few %).
+    # comparison allows 30 % of noise.
     assert default_p50 <= 1.3 * baseline_p50

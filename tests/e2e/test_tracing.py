@@ -26,6 +26,7 @@ from common.v2 import generate_request
 from global_lb.server import build_global_tier
 from local_lb.server import build_local_tier
 from regional_lb.server import build_regional_tier
+from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
 
 REGION, ZONE, MODEL = "eu", "eu-1a", "m"
@@ -41,39 +42,19 @@ class Chain:
 
 def _topology(redis_url: str, max_concurrency: int = 16):  # type: ignore[no-untyped-def]
     return topology_from_mapping(
-        {
-            "redis_url": redis_url,
-            "health_interval_s": 0.2,
-            "slow_start_window_s": 0,
-            "global": {
-                "listen": f"127.0.0.1:{free_port()}",
-                "location": {"lat": 50, "lon": 0},
-            },
-            "regions": [
-                {
-                    "name": REGION,
-                    "location": {"lat": 50, "lon": 5},
-                    "listen": f"127.0.0.1:{free_port()}",
-                    "zones": [
-                        {
-                            "name": ZONE,
-                            "listen": f"127.0.0.1:{free_port()}",
-                            "gpus": [
-                                {
-                                    "name": f"g{i}",
-                                    "hardware": "A100",
-                                    "models": [MODEL],
-                                    "max_concurrency": max_concurrency,
-                                    "listen": f"127.0.0.1:{free_port()}",
-                                    "metrics_listen": f"127.0.0.1:{free_port()}",
-                                }
-                                for i in range(2)
-                            ],
-                        }
-                    ],
-                }
-            ],
-        }
+        one_zone_mapping(
+            redis_url,
+            model=MODEL,
+            max_concurrency=max_concurrency,
+            region=REGION,
+            zone=ZONE,
+            global_listen=f"127.0.0.1:{free_port()}",
+            region_listen=f"127.0.0.1:{free_port()}",
+            global_location=(50.0, 0.0),
+            region_location=(50.0, 5.0),
+            health_interval_s=0.2,
+            slow_start_window_s=0,
+        )
     )
 
 

@@ -11,11 +11,12 @@ import pytest
 
 from common.config import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.redis_embed import EmbeddedRedis, free_port
+from common.redis_embed import EmbeddedRedis
 from common.routing import ROUTE
 from common.tier import TierServer
 from common.v2 import generate_request
 from local_lb.server import build_local_tier
+from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
 
 REGION, ZONE = "r", "r-1a"
@@ -23,35 +24,14 @@ REGION, ZONE = "r", "r-1a"
 
 def topology(redis_url: str, gpus: int, health_interval_s: float) -> Topology:
     return topology_from_mapping(
-        {
-            "redis_url": redis_url,
-            "health_interval_s": health_interval_s,
-            "slow_start_window_s": 0,
-            "global": {"listen": "127.0.0.1:1", "location": {"lat": 0, "lon": 0}},
-            "regions": [
-                {
-                    "name": REGION,
-                    "location": {"lat": 0, "lon": 0},
-                    "listen": "127.0.0.1:2",
-                    "zones": [
-                        {
-                            "name": ZONE,
-                            "listen": f"127.0.0.1:{free_port()}",
-                            "gpus": [
-                                {
-                                    "name": f"g{i}",
-                                    "hardware": "A100",
-                                    "models": ["m"],
-                                    "listen": f"127.0.0.1:{free_port()}",
-                                    "metrics_listen": f"127.0.0.1:{free_port()}",
-                                }
-                                for i in range(gpus)
-                            ],
-                        }
-                    ],
-                }
-            ],
-        }
+        one_zone_mapping(
+            redis_url,
+            gpus=gpus,
+            region=REGION,
+            zone=ZONE,
+            health_interval_s=health_interval_s,
+            slow_start_window_s=0,
+        )
     )
 
 
