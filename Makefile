@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test proto lint bench clean
+.PHONY: up test proto lint bench browser clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,6 +29,16 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.pick_time
+
+# Debian's headless Chromium and its WebDriver, for the dashboard test (apt, as root or sudo).
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then \
+		echo "chromium and chromedriver are installed"; \
+	else \
+		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
+			-y -q --no-install-recommends chromium chromium-driver; \
+	fi
 
 clean:
 	rm -rf $(VENV) build *.egg-info

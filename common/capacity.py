@@ -304,6 +304,11 @@ class CapacityReader:
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="capacity reader")
 
+    def follow(self, streams: Mapping[str, str]) -> None:
+        """Follow these streams from now on (a reloaded topology); a new one is read
+        from its start within one ``block_ms``."""
+        self.streams = dict(streams)
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()
@@ -337,6 +342,10 @@ class CapacityReader:
         last_ids: dict[str, bytes | str] = dict.fromkeys(self.streams, "0-0")
         caught_up = False
         while True:
+            for stream in self.streams.keys() - last_ids.keys():
+                last_ids[stream] = "0-0"
+            for stream in last_ids.keys() - self.streams.keys():
+                del last_ids[stream]
             try:
                 if not caught_up:
                     await self._catch_up(last_ids)

@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Collection, Iterable, Iterator
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -43,6 +43,8 @@ class Child:
     speed: float = 1.0
     # Direct evidence: the last probe or forward succeeded.
     healthy: bool = True
+    # Set by the Admin API: no new requests, in-flight ones finish, health still watched.
+    drained: bool = False
     # When direct evidence last turned healthy (-inf: healthy from the start).
     healthy_since: float = float("-inf")
     last_error: str = ""
@@ -63,6 +65,8 @@ class Child:
     hint: capacity_pb2.ModelCapacity | None = None
     hint_at: float = float("-inf")
     stub: pb_grpc.GRPCInferenceServiceStub | None = field(default=None, repr=False)
+    # The channel under ``stub`` (the Admin API calls the child's tier over it too).
+    channel: grpc.aio.Channel | None = field(default=None, repr=False)
 
     def fresh_summary(self, now: float, ttl_s: float) -> capacity_pb2.CapacitySummary | None:
         """The summary if younger than ``ttl_s``; a stale one reads as unknown (None)."""
@@ -87,9 +91,9 @@ class Child:
         return None
 
     def may_serve(self, model: str, now: float, ttl_s: float) -> bool:
-        """Healthy by direct evidence, serves ``model``, and no fresh summary says it has
-        no healthy GPU for it (a stale summary, or unknown parts, prove nothing)."""
-        if not self.healthy or model not in self.models:
+        """Healthy by direct evidence, not drained, serves ``model``, and no fresh summary
+        says it has no healthy GPU for it (a stale summary, or unknown parts, prove nothing)."""
+        if not self.healthy or self.drained or model not in self.models:
             return False
         entry = self.model_capacity(model, now, ttl_s)
         return entry is None or entry.healthy_gpus > 0 or entry.unknown_children > 0
@@ -124,6 +128,10 @@ class ChildSet:
         self._listeners: list[Callable[[], None]] = []
         self._channels: list[grpc.aio.Channel] = []
         self._tasks: list[asyncio.Task[None]] = []
+        # Per child: its health watch; children being retired (common.reload).
+        self._watches: dict[str, asyncio.Task[None]] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._leaving: set[str] = set()
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -135,33 +143,108 @@ class ChildSet:
     def __iter__(self) -> Iterator[Child]:
         return iter(self.children)
 
+    def _open(self, child: Child) -> grpc.aio.Channel:
+        address = child.endpoint.address
+        if self.credentials is None:
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            channel = grpc.aio.secure_channel(address, self.credentials, options=CHANNEL_OPTIONS)
+        self._channels.append(channel)
+        child.channel = channel
+        child.stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        return channel
+
+    def _start_watch(self, child: Child) -> None:
+        assert child.channel is not None
+        task = asyncio.create_task(self._watch(child, child.channel), name=f"watch {child.name}")
+        self._watches[child.name] = task
+
     async def start(self) -> None:
         for child in self.children:
-            address = child.endpoint.address
-            if self.credentials is None:
-                channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
-            else:
-                channel = grpc.aio.secure_channel(
-                    address, self.credentials, options=CHANNEL_OPTIONS
-                )
-            self._channels.append(channel)
-            child.stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            self._open(child)
         if self.probe:
             await self.probe_all()
             self._tasks.append(asyncio.create_task(self._probe_loop(), name="child-probes"))
-            for child, channel in zip(self.children, self._channels, strict=True):
-                self._tasks.append(
-                    asyncio.create_task(self._watch(child, channel), name=f"watch {child.name}")
-                )
+            for child in self.children:
+                self._start_watch(child)
 
     async def stop(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._watches.values(), *self._retiring]
+        for task in tasks:
             task.cancel()
-        for task in self._tasks:
+        for task in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         for channel in self._channels:
             await channel.close()
+
+    # ------------------------------------------------------------------ admin changes
+
+    def set_drained(self, child: Child, drained: bool) -> None:
+        """Drain (no new requests; in-flight ones finish) or undrain ``child``.
+
+        Health watching goes on, and a drained child is not a failure: nothing
+        is marked down. Listeners hear of it at once (publishers publish the
+        lost capacity, the local tier drops the GPU from its free pools)."""
+        if child.drained != drained:
+            log.info("%s %s %s", self.kind, child.name, "drained" if drained else "undrained")
+            child.drained = drained
+            self._changed()
+
+    async def add(self, child: Child) -> None:
+        """A child new in a reloaded topology: open its channel, watch its health."""
+        if child.name in self.by_name:
+            raise ValueError(f"{self.kind} {child.name!r} already exists")
+        self._open(child)
+        self.children = (*self.children, child)
+        self.by_name[child.name] = child
+        if self.probe:
+            await self._probe(child)
+            self._start_watch(child)
+        self._changed()
+
+    def retire(
+        self,
+        child: Child,
+        on_gone: Callable[[Child], Awaitable[None]] | None = None,
+        poll_s: float = 0.05,
+    ) -> None:
+        """A child gone from a reloaded topology: drain it now; once its in-flight
+        calls have ended, run ``on_gone``, forget it, stop watching it and close
+        its channel. Retiring a child twice is a no-op."""
+        if child.name in self._leaving:
+            return
+        self._leaving.add(child.name)
+        self.set_drained(child, True)
+
+        async def finish() -> None:
+            try:
+                while child.outstanding_requests > 0:  # noqa: ASYNC110 (a counter, no event)
+                    await asyncio.sleep(poll_s)
+                if on_gone is not None:
+                    await on_gone(child)
+            finally:
+                self._leaving.discard(child.name)
+            self.children = tuple(c for c in self.children if c is not child)
+            self.by_name.pop(child.name, None)
+            watch = self._watches.pop(child.name, None)
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+            self._changed()
+            if child.channel is not None:
+                self._channels.remove(child.channel)
+                await child.channel.close()
+            log.info("%s %s removed", self.kind, child.name)
+
+        task = asyncio.create_task(finish(), name=f"retire {child.name}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    def leaving(self, name: str) -> bool:
+        """True while child ``name`` is retired but still finishing in-flight calls."""
+        return name in self._leaving
 
     def mark_failed(self, child: Child, error: str) -> None:
         """A forward to ``child`` failed: stop routing to it until a probe succeeds."""
@@ -220,7 +303,13 @@ class ChildSet:
         for c in self.children:
             if model not in c.models or (only and c.name not in only):
                 continue
-            why = "already tried" if c.name in tried else c.last_error or "no capacity"
+            why = (
+                "already tried"
+                if c.name in tried
+                else "drained"
+                if c.drained
+                else c.last_error or "no capacity"
+            )
             states.append(f"{c.name} ({why})")
         return f"no healthy {self.kind} can serve model {model!r}: " + "; ".join(states)
 
@@ -250,7 +339,8 @@ class ChildSet:
         while True:
             await asyncio.sleep(self.probe_interval_s)
             try:
-                await asyncio.gather(*(self._probe(c) for c in self.children if not c.healthy))
+                down = [c for c in self.children if not c.healthy and c.stub is not None]
+                await asyncio.gather(*(self._probe(c) for c in down))
             except Exception:  # a probe bug must not stop probing
                 log.exception("health probe round failed")
 

@@ -6,6 +6,8 @@ meridian regional --config topology.yaml --region eu-west
 meridian local    --config topology.yaml --region eu-west --zone eu-west-1a
 meridian worker   --config topology.yaml --region eu-west --zone eu-west-1a
 meridian loadgen  --target 127.0.0.1:8001 --requests 200
+meridian top      [--ops http://127.0.0.1:8002] [--once]
+meridian admin    list | drain NAME | undrain NAME | weight GPU W | reload
 """
 
 from __future__ import annotations
@@ -42,21 +44,28 @@ async def _until_signalled(run: Callable[[asyncio.Event], Awaitable[None]]) -> N
 def _run_tier(args: argparse.Namespace) -> None:
     topology = _topology(args)
 
+    def source() -> Topology:  # the Admin API's ReloadTopology re-reads the same file
+        return _topology(args)
+
     async def run(stop: asyncio.Event) -> None:
         # Imported here: each tier process loads only its own package.
         if args.command == "global":
             from global_lb.server import build_global_tier
 
-            tier = build_global_tier(topology)
+            tier = build_global_tier(topology, reload_from=source)
         elif args.command == "regional":
             from regional_lb.server import build_regional_tier
 
-            tier = build_regional_tier(topology, _need(args, "region"))
+            tier = build_regional_tier(topology, _need(args, "region"), reload_from=source)
         else:
             from local_lb.server import build_local_tier
 
             tier = build_local_tier(
-                topology, _need(args, "region"), _need(args, "zone"), policy=args.policy
+                topology,
+                _need(args, "region"),
+                _need(args, "zone"),
+                policy=args.policy,
+                reload_from=source,
             )
         await tier.serve_until(stop, grace=args.grace)
 
@@ -117,6 +126,8 @@ def _run_up(args: argparse.Namespace) -> None:
             print(f"mtls       between tiers; certificates in {Path(topo.tls.ca).parent}")
         for tenant_id, key in fleet.tenant_keys.items():
             print(f"tenant {tenant_id} key {key}")
+        if fleet.admin_key is not None:
+            print(f"admin key {fleet.admin_key}")
         print(f"global     listening {fleet.global_address}  (KServe V2 gRPC, model demo-llm)")
         if topo.global_tier.ops is not None:
             print(f"ops        http://{topo.global_tier.ops}/  (healthz readyz api/state metrics)")
@@ -184,6 +195,11 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_parser("keygen", help="print a new API key and the SHA-256 to configure")
     usage = sub.add_parser("usage", help="sum usage records per tenant and model", add_help=False)
     usage.add_argument("rest", nargs=argparse.REMAINDER)
+    admin = sub.add_parser("admin", help="list, drain, weight, reload (Admin API)", add_help=False)
+    admin.add_argument("rest", nargs=argparse.REMAINDER)
+    from common.top import add_parser as add_top_parser
+
+    add_top_parser(sub)
     load = sub.add_parser("loadgen", help="send a bounded run of requests and report")
     load.add_argument("--target", default="127.0.0.1:8001")
     load.add_argument("--model", default="demo-llm")
@@ -219,10 +235,18 @@ def main(argv: list[str] | None = None) -> None:
             _run_loadgen(args)
         elif args.command == "keygen":
             _run_keygen(args)
+        elif args.command == "top":
+            from common.top import top_main
+
+            raise SystemExit(top_main(args))
         elif args.command == "usage":
             from common.usage_cli import usage_main
 
             raise SystemExit(usage_main(args.rest))
+        elif args.command == "admin":
+            from common.admin_cli import admin_main
+
+            raise SystemExit(admin_main(args.rest))
     except ConfigError as exc:
         print(f"meridian: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -149,6 +149,8 @@ class AuthConfig:
 
     enabled: bool = False
     tenants: tuple[TenantConfig, ...] = ()
+    # SHA-256 digests of the keys that may call the Admin API at the global tier.
+    admin_key_hashes: frozenset[str] = frozenset()
 
     def tenant(self, tenant_id: str) -> TenantConfig | None:
         for tenant in self.tenants:
@@ -380,20 +382,29 @@ def _gpu(node: _Node) -> GpuConfig:
     return gpu
 
 
+def _names(zone: ZoneConfig) -> tuple[str, ...]:
+    return (zone.name, *(g.name for g in zone.gpus))
+
+
 def _unique(names: list[str], path: str) -> None:
     dup = {n for n in names if names.count(n) > 1}
     if dup:
         raise ConfigError(f"{path}: duplicate names {sorted(dup)}")
 
 
-def _tenant(node: _Node, regions: set[str]) -> TenantConfig:
-    keys = node.get("api_key_sha256", kind=list)
+def _digests(node: _Node, key: str, default: Any = ...) -> list[str]:
+    keys: list[Any] = node.get(key, default, kind=list)
     for i, digest in enumerate(keys):
         if not (isinstance(digest, str) and len(digest) == 64 and _is_hex(digest)):
             raise ConfigError(
-                f"{node.key_path('api_key_sha256')}[{i}]: expected a SHA-256 hex digest "
+                f"{node.key_path(key)}[{i}]: expected a SHA-256 hex digest "
                 "(64 hex characters; `meridian keygen` prints one)"
             )
+    return keys
+
+
+def _tenant(node: _Node, regions: set[str]) -> TenantConfig:
+    keys = _digests(node, "api_key_sha256")
     ceiling = node.get("priority_ceiling", "standard", kind=str)
     if ceiling not in PRIORITY_ORDER:
         raise ConfigError(
@@ -439,6 +450,7 @@ def _auth(root: _Node, regions: set[str]) -> AuthConfig:
     node = root.child("auth")
     enabled = node.get("enabled", kind=bool)
     tenants = tuple(_tenant(t, regions) for t in node.get_items("tenants"))
+    admin_keys = frozenset(d.lower() for d in _digests(node, "admin_keys", []))
     node.done()
     _unique([t.id for t in tenants], "auth.tenants")
     seen: set[str] = set()
@@ -446,9 +458,11 @@ def _auth(root: _Node, regions: set[str]) -> AuthConfig:
         if seen & tenant.key_hashes:
             raise ConfigError(f"auth.tenants: an API key is shared by two tenants ({tenant.id})")
         seen |= tenant.key_hashes
+    if seen & admin_keys:
+        raise ConfigError("auth.admin_keys: an admin key is also a tenant's API key")
     if enabled and not tenants:
         raise ConfigError("auth.tenants: authentication is enabled but no tenant is configured")
-    return AuthConfig(enabled=enabled, tenants=tenants)
+    return AuthConfig(enabled=enabled, tenants=tenants, admin_key_hashes=admin_keys)
 
 
 def _tls(root: _Node) -> TlsConfig | None:
@@ -561,6 +575,11 @@ def topology_from_mapping(raw: Any) -> Topology:
         )
         rnode.done()
     _unique([r.name for r in regions], "regions")
+    # The Admin API addresses a region, zone or GPU by name alone.
+    _unique(
+        [n for r in regions for n in (r.name, *(n for z in r.zones for n in _names(z)))],
+        "regions: region, zone and GPU names together",
+    )
     cadence = root.get("summary_cadence_s", 0.5, kind=float)
     _positive(root, "summary_cadence_s", cadence)
     maxlen = root.get("summary_stream_maxlen", 120, kind=int)

@@ -15,7 +15,7 @@ RESOURCE_EXHAUSTED from gRPC itself:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -87,15 +87,21 @@ class V2Server:
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
-        reflection.enable_server_reflection(
-            (V2_SERVICE, health.SERVICE_NAME, reflection.SERVICE_NAME), self._server
-        )
+        self._services = [V2_SERVICE, health.SERVICE_NAME]
+
+    def add_service(self, register: Callable[[grpc.aio.Server], None], name: str) -> None:
+        """Serve another service (``name`` is its full name, for reflection); before start."""
+        register(self._server)
+        self._services.append(name)
 
     @property
     def address(self) -> str:
         return Endpoint(self.endpoint.host, self.port).address
 
     async def start(self) -> None:
+        reflection.enable_server_reflection(
+            (*self._services, reflection.SERVICE_NAME), self._server
+        )
         if self.credentials is None:
             self.port = self._server.add_insecure_port(self.endpoint.address)
         else:

@@ -94,6 +94,18 @@ def generate_tenant_keys(raw: dict[str, Any]) -> dict[str, str]:
     return keys
 
 
+def generate_admin_key(raw: dict[str, Any]) -> str | None:
+    """Replace ``auth.admin_key: generate`` with a fresh key's SHA-256 in
+    ``auth.admin_keys``; return the key (print it once), or None."""
+    auth = raw.get("auth") or {}
+    if auth.get("admin_key") != "generate":
+        return None
+    del auth["admin_key"]
+    key, digest = new_key()
+    auth.setdefault("admin_keys", []).append(digest)
+    return key
+
+
 @dataclass
 class TierProcess:
     """One launched process and how to start it again."""
@@ -163,6 +175,7 @@ class Fleet:
             pki = generate_pki(self.run_dir / "pki")
             raw["tls"] = {"ca": pki.ca, "cert": pki.cert, "key": pki.key, "client_facing": False}
         self.tenant_keys = generate_tenant_keys(raw)
+        self.admin_key = generate_admin_key(raw)
         self.raw = resolve_ports(raw)
         self.topology: Topology = topology_from_mapping(self.raw)
         self._tier_credentials = tier_channel_credentials(self.topology.tls)

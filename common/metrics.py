@@ -111,6 +111,10 @@ class _ValueFamily(_Family):
             child = self._children[values] = self.child_type()
         return child
 
+    def items(self) -> list[tuple[tuple[str, ...], _Value]]:
+        """Each label tuple and its child, for readers inside the process."""
+        return list(self._children.items())
+
     def samples(self) -> Iterator[Sample]:
         for values, child in list(self._children.items()):
             yield self.name, tuple(zip(self.labelnames, values, strict=True)), child.value
@@ -203,6 +207,10 @@ class Histogram(_Family):
             self._check(values)
             child = self._children[values] = HistogramChild(self.bounds)
         return child
+
+    def items(self) -> list[tuple[tuple[str, ...], HistogramChild]]:
+        """Each label tuple and its child, for readers inside the process."""
+        return list(self._children.items())
 
     def samples(self) -> Iterator[Sample]:
         for values, child in list(self._children.items()):

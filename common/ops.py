@@ -12,7 +12,13 @@ read from the ``ChildSet`` at scrape time.
 * ``/readyz``: 200 while some child is healthy (``children.any_healthy()``), else 503
   (also 503 once the tier has begun to stop);
 * ``/api/state``: JSON view of the tier and its children;
-* ``/metrics``: Prometheus text exposition 0.0.4.
+* ``/metrics``: Prometheus text exposition 0.0.4;
+* ``/api/traces``: this tier's recent traces (``?limit=N``, ``?ids=a,b`` for given ones);
+* ``/api/series``: requests per second and latency per second, last five minutes
+  (``common.series``).
+
+A tier may add its own routes (``extensions``: the global tier's dashboard) and
+details per child or for the whole tier (``child_details``, ``extra_state``).
 
 Labels are bounded: ``model`` is a configured model or ``-``, ``tenant`` a
 configured tenant id or ``-`` (the tenant is read from the internal
@@ -35,11 +41,12 @@ from aiohttp import web
 from google.protobuf.json_format import MessageToDict
 from opentelemetry.sdk.trace import ReadableSpan
 
-from common.children import ChildSet
+from common.children import Child, ChildSet
 from common.config import Endpoint
 from common.metrics import CONTENT_TYPE, CallbackCounter, CallbackGauge, CounterChild, Registry
 from common.resilience import RetryBudget, RetryBudgetConfig
 from common.routing import TENANT
+from common.series import RequestSeries, SeriesSampler
 from common.telemetry import RecentSpans
 
 INFER_METHODS = frozenset({"ModelInfer", "ModelStreamInfer"})
@@ -230,8 +237,13 @@ class MetricsInterceptor(grpc.aio.ServerInterceptor):
         return handler
 
 
-def child_state(children: ChildSet, now: float) -> list[dict[str, Any]]:
-    """Each child as ``/api/state`` shows it."""
+ChildDetails = Callable[[Child], dict[str, Any]]
+
+
+def child_state(
+    children: ChildSet, now: float, details: ChildDetails | None = None
+) -> list[dict[str, Any]]:
+    """Each child as ``/api/state`` shows it (plus the tier's own ``details``)."""
     out = []
     for c in children:
         out.append(
@@ -247,6 +259,8 @@ def child_state(children: ChildSet, now: float) -> list[dict[str, Any]]:
                 "hint_age_s": None if c.hint is None else now - c.hint_at,
             }
         )
+        if details is not None:
+            out[-1].update(details(c))
     return out
 
 
@@ -285,6 +299,12 @@ class OpsServer:
         self.draining = False
         # The tier's recent finished spans (None when traces are exported instead).
         self.recent: RecentSpans | None = None
+        self.series = RequestSeries(metrics.requests, metrics.duration)
+        self._sampler = SeriesSampler(self.series)
+        # What a tier adds: routes (each called with the app), per-child and tier-wide state.
+        self.extensions: list[Callable[[web.Application], None]] = []
+        self.child_details: ChildDetails | None = None
+        self.extra_state: Callable[[], dict[str, Any]] | None = None
         self._runner: web.AppRunner | None = None
 
     @property
@@ -298,6 +318,9 @@ class OpsServer:
         app.router.add_get("/api/state", self._state)
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/api/traces", self._traces)
+        app.router.add_get("/api/series", self._series)
+        for extend in self.extensions:
+            extend(app)
         return app
 
     async def start(self) -> None:
@@ -314,8 +337,10 @@ class OpsServer:
             sock.close()
             raise
         self._runner = runner
+        await self._sampler.start()
 
     async def stop(self) -> None:
+        await self._sampler.stop()
         if self._runner is not None:
             await self._runner.cleanup()
             self._runner = None
@@ -330,34 +355,62 @@ class OpsServer:
             return web.Response(text="ready\n")
         return web.Response(status=503, text=f"not ready: no healthy {self.children.kind}\n")
 
-    async def _state(self, request: web.Request) -> web.Response:
+    def state(self) -> dict[str, Any]:
+        """The tier and its children, as ``/api/state`` serves them."""
         body = {
             "tier": self.metrics.tier,
             "name": self.name,
             "ready": self.children.any_healthy(),
-            "children": child_state(self.children, self.children.clock()),
+            "children": child_state(self.children, self.children.clock(), self.child_details),
         }
-        return web.json_response(body)
+        if self.extra_state is not None:
+            body.update(self.extra_state())
+        return body
+
+    async def _state(self, request: web.Request) -> web.Response:
+        return web.json_response(self.state())
+
+    def traces(self, limit: int, ids: Collection[str] | None = None) -> dict[str, Any]:
+        """This tier's newest ``limit`` traces (only ``ids`` when given), newest first."""
+        if self.recent is None:
+            return {"traces": [], "note": "spans are exported over OTLP"}
+        grouped = self.recent.traces()
+        if ids is not None:
+            grouped = {tid: spans for tid, spans in grouped.items() if tid in ids}
+        traces = sorted(
+            grouped.items(),
+            key=lambda item: max(span.start_time or 0 for span in item[1]),
+            reverse=True,
+        )[:limit]
+        return {
+            "traces": [
+                {"trace_id": tid, "spans": [span_json(s) for s in spans]} for tid, spans in traces
+            ]
+        }
 
     async def _traces(self, request: web.Request) -> web.Response:
-        """Recent traces of this tier, newest first (``?limit=N``, default 50)."""
+        """Recent traces of this tier, newest first (``?limit=N``, default 50;
+        ``?ids=a,b`` only those trace ids)."""
         try:
             limit = max(1, min(500, int(request.query.get("limit", "50"))))
         except ValueError:
             return web.json_response({"error": "limit must be an integer"}, status=400)
-        if self.recent is None:
-            return web.json_response({"traces": [], "note": "spans are exported over OTLP"})
-        traces = sorted(
-            self.recent.traces().items(),
-            key=lambda item: max(span.start_time or 0 for span in item[1]),
-            reverse=True,
-        )[:limit]
+        ids = request.query.get("ids")
+        wanted = None if ids is None else frozenset(i for i in ids.split(",") if i)
+        return web.json_response(self.traces(limit, wanted))
+
+    async def _series(self, request: web.Request) -> web.Response:
+        """Per-second requests, failures and OK latency (``?seconds=N``, default all)."""
+        try:
+            seconds = int(request.query["seconds"]) if "seconds" in request.query else None
+        except ValueError:
+            return web.json_response({"error": "seconds must be an integer"}, status=400)
         return web.json_response(
             {
-                "traces": [
-                    {"trace_id": tid, "spans": [span_json(s) for s in spans]}
-                    for tid, spans in traces
-                ]
+                "tier": self.metrics.tier,
+                "name": self.name,
+                "interval_s": self._sampler.interval_s,
+                "points": self.series.json(seconds),
             }
         )
 

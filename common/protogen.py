@@ -13,7 +13,11 @@ from pathlib import Path
 from grpc_tools import protoc
 
 ROOT = Path(__file__).resolve().parent.parent
-PROTOS = ("inference/grpc_service.proto", "meridian/v1/capacity.proto")
+PROTOS = (
+    "inference/grpc_service.proto",
+    "meridian/v1/capacity.proto",
+    "meridian/v1/admin.proto",
+)
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
 

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import grpc
 
+from common.admin import ADMIN_SERVICE, AdminService
 from common.admission import Admission
 from common.balancer import Balancer
 from common.capacity import CapacityPublisher, CapacityReader
@@ -96,6 +97,8 @@ class TierServer:
     name: str = ""
     # Configured tenant ids: the only values the metrics' tenant label takes.
     tenants: frozenset[str] = frozenset()
+    # The Admin API (common.admin), served on the same port; None: not served.
+    admin: AdminService | None = None
 
     def __post_init__(self) -> None:
         self.proxy = InferenceProxy(
@@ -124,6 +127,9 @@ class TierServer:
             limits=self.limits,
             interceptors=[self.metrics.interceptor()],
         )
+        if self.admin is not None:
+            self.server.add_service(self.admin.register, ADMIN_SERVICE)
+            self.admin.on_reloaded = self._children_reloaded
         self.ops_server = None if self.ops is None else OpsServer(self.ops, self.name, self.metrics)
         if self.ops_server is not None and self.telemetry is not None:
             self.ops_server.recent = self.telemetry.recent
@@ -131,6 +137,10 @@ class TierServer:
             self.children.add_listener(self.publisher.poke)
             self.proxy.hint_source = self.publisher.latest_entry
         self.children.add_listener(self._readiness_changed)
+
+    def _children_reloaded(self) -> None:
+        """A reloaded topology may add models (or drop the last GPU of one)."""
+        self.proxy.models = frozenset(m for c in self.children for m in c.models)
 
     def _readiness_changed(self) -> None:
         """Serve grpc.health.v1 SERVING only while some child is up: the tier above

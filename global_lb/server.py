@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from common.admin import AdminGuard
 from common.admission import edge_admission
 from common.balancer import RankingBalancer
 from common.capacity import CapacityReader, region_stream
 from common.children import Child, ChildSet
 from common.config import Topology
 from common.errors import RouteError
+from common.fleet_view import install_fleet_view
 from common.geo import GeoPoint
 from common.proxy import TierSpec
+from common.reload import upper_tier_admin
 from common.resilience import SlowStartConfig
 from common.routing import CLIENT_REGION, RouteHints
 from common.telemetry import setup_tracing
@@ -18,13 +23,20 @@ from common.tls import tier_channel_credentials, tier_server_credentials
 from global_lb.picker import RegionPicker
 
 
-def build_global_tier(topology: Topology) -> TierServer:
-    """The global tier as described by ``topology``."""
+def region_children(topology: Topology) -> list[Child]:
+    return [
+        Child(name=r.name, endpoint=r.endpoint, models=r.models, location=r.location)
+        for r in topology.regions
+    ]
+
+
+def build_global_tier(
+    topology: Topology, *, reload_from: Callable[[], Topology] | None = None
+) -> TierServer:
+    """The global tier as described by ``topology``; ``reload_from`` re-reads the topology
+    for the Admin API's ReloadTopology."""
     regions = ChildSet(
-        (
-            Child(name=r.name, endpoint=r.endpoint, models=r.models, location=r.location)
-            for r in topology.regions
-        ),
+        region_children(topology),
         probe_interval_s=topology.health_interval_s,
         summary_ttl_s=topology.summary_ttl_s,
         kind="region",
@@ -64,7 +76,24 @@ def build_global_tier(topology: Topology) -> TierServer:
         failback=SlowStartConfig(window_s=topology.failback_window_s),
     )
     balancer = RankingBalancer(picker, regions)
-    return TierServer(
+
+    def follow(new: Topology) -> None:
+        reader.follow({region_stream(r.name): r.name for r in new.regions})
+        picker.rtt_ms = new.rtt_ms
+        locations.update({r.name: r.location for r in new.regions})
+
+    admin = upper_tier_admin(
+        "global",
+        "global",
+        "region",
+        regions,
+        topology,
+        region_children,
+        follow=follow,
+        source=reload_from,
+        guard=AdminGuard(topology.auth),
+    )
+    tier = TierServer(
         spec,
         regions,
         balancer,
@@ -77,4 +106,8 @@ def build_global_tier(topology: Topology) -> TierServer:
         name="global",
         tenants=frozenset(t.id for t in topology.auth.tenants),
         telemetry=setup_tracing("meridian-global"),
+        admin=admin,
     )
+    # The global's ops HTTP also answers for the whole fleet and serves the dashboard.
+    install_fleet_view(topology, tier.ops_server)
+    return tier

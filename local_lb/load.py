@@ -261,6 +261,9 @@ class BackendMonitor:
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
         self._backends: dict[str, _Backend] = {}
+        self._channels: dict[str, grpc.aio.Channel] = {}
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._session: aiohttp.ClientSession | None = None
         self._stack: contextlib.AsyncExitStack | None = None
 
     def ready_models(self, name: str) -> frozenset[str]:
@@ -272,22 +275,47 @@ class BackendMonitor:
         if self._stack is not None:
             raise RuntimeError("BackendMonitor already started")
         async with contextlib.AsyncExitStack() as stack:
-            session = aiohttp.ClientSession()
-            stack.push_async_callback(session.close)
+            self._session = aiohttp.ClientSession()
+            stack.push_async_callback(self._session.close)
+            stack.push_async_callback(self._close_backends)
             for gpu in self.gpus:
-                channel = grpc.aio.insecure_channel(gpu.address, options=CHANNEL_OPTIONS)
-                stack.push_async_callback(channel.close)
-                self._backends[gpu.name] = _Backend(
-                    gpu,
-                    health_pb2_grpc.HealthStub(channel),
-                    pb_grpc.GRPCInferenceServiceStub(channel),
-                )
-            tasks = [
-                asyncio.create_task(self._poll_loop(b, session), name=f"load-poll:{name}")
-                for name, b in self._backends.items()
-            ]
-            stack.push_async_callback(_cancel_all, tasks)
+                self._open(gpu)
             self._stack = stack.pop_all()
+
+    def _open(self, gpu: MonitoredGpu) -> None:
+        assert self._session is not None
+        channel = grpc.aio.insecure_channel(gpu.address, options=CHANNEL_OPTIONS)
+        self._channels[gpu.name] = channel
+        backend = _Backend(
+            gpu, health_pb2_grpc.HealthStub(channel), pb_grpc.GRPCInferenceServiceStub(channel)
+        )
+        self._backends[gpu.name] = backend
+        self._tasks[gpu.name] = asyncio.create_task(
+            self._poll_loop(backend, self._session), name=f"load-poll:{gpu.name}"
+        )
+
+    async def _close_backends(self) -> None:
+        await _cancel_all(list(self._tasks.values()))
+        for channel in self._channels.values():
+            await channel.close()
+
+    def add(self, gpu: MonitoredGpu) -> None:
+        """Start watching a GPU added by a reloaded topology (after ``start()``)."""
+        if gpu.name in self._backends:
+            raise ValueError(f"GPU {gpu.name!r} is already monitored")
+        self.gpus = (*self.gpus, gpu)
+        self._open(gpu)
+
+    async def remove(self, name: str) -> None:
+        """Stop watching a GPU a reloaded topology removed; no callback follows."""
+        task = self._tasks.pop(name, None)
+        if task is not None:
+            await _cancel_all([task])
+        channel = self._channels.pop(name, None)
+        if channel is not None:
+            await channel.close()
+        self._backends.pop(name, None)
+        self.gpus = tuple(g for g in self.gpus if g.name != name)
 
     async def stop(self) -> None:
         """Cancel the polls, then close the channels and the HTTP session."""

@@ -12,7 +12,8 @@ of the same cost rather than a cache-first rule behind a load threshold: a
 warm GPU wins exactly while the prefill it saves outweighs the queue in front
 of it. The *rate* is learned per GPU from finished requests (EWMA), seeded from
 the hardware class, so an H100 takes about twice an A100's share with no
-hand-set weights, and a throttled GPU less.
+hand-set weights, and a throttled GPU less. An operator's weight (Admin
+``SetWeight``, default 1) multiplies the learned rate.
 
 Candidates (power of d choices, never the whole fleet): the session's GPU
 from a consistent-hash ring with bounded loads, up to four GPUs whose prefix
@@ -65,7 +66,8 @@ class CompletionTimePicker:
             self.view.reported_requests(gpu, now),
             gpu.slots,
         )
-        return expected_completion_s(ahead, work, gpu.rate, gpu.share)
+        # The operator's weight scales the learned rate: weight 2 = looks twice as fast.
+        return expected_completion_s(ahead, work, gpu.rate * gpu.weight, gpu.share)
 
     def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
         pool = children if isinstance(children, FreePool) else FreePool.of(children)

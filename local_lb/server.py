@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Callable
+from typing import Any
 
 import grpc
 
 from common.admission import inner_admission
 from common.capacity import CapacityPublisher, zone_stream
-from common.children import ChildSet
+from common.children import Child, ChildSet
 from common.config import ConfigError, GpuConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
 from common.ops import EjectionCounter, add_local_metrics
@@ -19,6 +21,7 @@ from common.routing import RouteHints
 from common.telemetry import setup_tracing
 from common.tier import Ticker, TierServer, source_id
 from common.tls import tier_server_credentials
+from local_lb.admin import LocalAdmin, local_admin
 from local_lb.balancer import LocalBalancer
 from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.policies import make_picker
@@ -89,10 +92,37 @@ def zone_summary(
     )
 
 
+def gpu_details(view: LocalView, gpu: Child) -> dict[str, Any]:
+    """What ``/api/state`` adds per GPU: hardware, slots, ejection and what the GPU
+    itself last reported (``reported`` is None when that is unknown or stale)."""
+    out: dict[str, Any] = {}
+    if isinstance(gpu, GpuChild):
+        out.update(hardware=gpu.hardware, slots=gpu.slots, ejected=gpu.ejected, share=gpu.share)
+    now = time.monotonic()
+    sample = view.load.get(gpu.name, now, view.report_max_age_s)
+    out["reported"] = (
+        None
+        if sample is None
+        else {
+            "running": sample.running,
+            "waiting": sample.waiting,
+            "kv_cache_usage": sample.kv_cache_usage,
+            "age_s": sample.age(now),
+        }
+    )
+    return out
+
+
 def build_local_tier(
-    topology: Topology, region: str, zone: str, *, policy: str = "default"
+    topology: Topology,
+    region: str,
+    zone: str,
+    *,
+    policy: str = "default",
+    reload_from: Callable[[], Topology] | None = None,
 ) -> TierServer:
-    """The local tier of ``region``/``zone`` as described by ``topology``."""
+    """The local tier of ``region``/``zone`` as described by ``topology``; ``reload_from``
+    re-reads the topology for the Admin API's ReloadTopology."""
     zone_cfg = topology.zone(region, zone)
     gpus = tuple(gpu_child(g) for g in zone_cfg.gpus)
     children = ChildSet(
@@ -156,6 +186,7 @@ def build_local_tier(
         failover_codes=frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}),
     )
     ejections = EjectionCounter(balancer.outlier.ejected_keys)
+    hooks = LocalAdmin(region, zone, children, view, balancer, monitor, policy, rng, gpu_child)
     tier = TierServer(
         spec,
         children,
@@ -176,6 +207,10 @@ def build_local_tier(
         name=zone,
         tenants=frozenset(t.id for t in topology.auth.tenants),
         telemetry=setup_tracing("meridian-local"),
+        admin=local_admin(hooks, topology, reload_from),
     )
     add_local_metrics(tier.metrics, balancer.queue.depth_by_priority, ejections)
+    if tier.ops_server is not None:
+        tier.ops_server.child_details = lambda gpu: gpu_details(view, gpu)
+        tier.ops_server.extra_state = lambda: {"queue": balancer.queue.depth_by_priority()}
     return tier

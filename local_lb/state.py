@@ -30,6 +30,8 @@ class GpuChild(Child):
     latency_ewma_s: float = 0.0
     ejected: bool = False
     share: float = 1.0  # slow-start factor, refreshed by the balancer
+    # Operator's weight (Admin SetWeight): scales the learned rate when picking.
+    weight: float = 1.0
 
     # healthy_since of the recovery slow start was last started for.
     last_seen_healthy: float = float("-inf")
@@ -40,8 +42,8 @@ class GpuChild(Child):
 
     @property
     def usable(self) -> bool:
-        """Routable at all: healthy by direct evidence and not ejected."""
-        return self.healthy and not self.ejected
+        """Routable at all: healthy by direct evidence, not ejected, not drained."""
+        return self.healthy and not self.ejected and not self.drained
 
     def serves(self, model: str, version: str = "") -> bool:
         if model not in self.models:
@@ -178,24 +180,43 @@ class LocalView:
     inflight_total: int = 0
 
     def __post_init__(self) -> None:
+        self.free: dict[str, FreePool] = {}
+        self._index()
+
+    def _index(self) -> None:
+        """Derive the per-name and per-model indexes and the free pools from ``gpus``."""
         self.by_name = {g.name: g for g in self.gpus}
         self.by_model: dict[str, tuple[GpuChild, ...]] = {}
         for gpu in self.gpus:
             for model in gpu.models:
                 self.by_model[model] = (*self.by_model.get(model, ()), gpu)
-        self.free: dict[str, FreePool] = {m: FreePool() for m in self.by_model}
+        # Pools are kept (not replaced) so a picker holding one sees later changes.
+        for model in self.by_model:
+            self.free.setdefault(model, FreePool())
+        for model, pool in self.free.items():
+            for gpu in list(pool):
+                if gpu.name not in self.by_name or model not in gpu.models:
+                    pool.discard(gpu)
         self._serving: dict[tuple[str, str], tuple[GpuChild, ...]] = {}
         for gpu in self.gpus:
             self.refresh(gpu)
 
+    def set_gpus(self, gpus: Sequence[GpuChild]) -> None:
+        """A reloaded topology added or removed GPUs (or changed their models)."""
+        self.gpus = tuple(gpus)
+        self._index()
+
     def refresh(self, gpu: GpuChild) -> None:
         """Put ``gpu`` in or out of its models' free pools after any state change."""
-        available = gpu.usable and gpu.free_slots > 0
+        available = gpu.usable and gpu.free_slots > 0 and gpu.name in self.by_name
         for model in gpu.models:
+            pool = self.free.get(model)
+            if pool is None:
+                continue
             if available:
-                self.free[model].add(gpu)
+                pool.add(gpu)
             else:
-                self.free[model].discard(gpu)
+                pool.discard(gpu)
 
     def reported_requests(self, gpu: GpuChild, now: float) -> float | None:
         """Running + waiting as the GPU last reported, or None when stale or missing."""

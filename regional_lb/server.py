@@ -3,14 +3,17 @@ summaries, publishes the region's."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from common.admission import inner_admission
 from common.balancer import RankingBalancer
 from common.capacity import CapacityPublisher, CapacityReader, aggregate, region_stream, zone_stream
 from common.children import Child, ChildSet
-from common.config import Topology
+from common.config import ConfigError, RegionConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
 from common.geo import GeoPoint
 from common.proxy import TierSpec
+from common.reload import upper_tier_admin
 from common.resilience import SlowStartConfig
 from common.routing import RouteHints
 from common.telemetry import setup_tracing
@@ -31,6 +34,12 @@ def region_summary(
         if not zone.healthy:
             continue
         summary = zone.fresh_summary(now, zones.summary_ttl_s)
+        if zone.drained:
+            # A drained zone offers no capacity: its GPUs count, none of them as healthy,
+            # so the global routes away from a region whose zones are all drained.
+            if summary is not None:
+                parts.append(drained(summary))
+            continue
         if summary is None:
             unknown.extend(zone.models)
         else:
@@ -45,14 +54,37 @@ def region_summary(
     )
 
 
-def build_regional_tier(topology: Topology, region: str) -> TierServer:
-    """The regional tier of ``region`` as described by ``topology``."""
+def drained(summary: capacity_pb2.CapacitySummary) -> capacity_pb2.CapacitySummary:
+    """``summary`` as a drained zone's: the same GPUs, none healthy, no slots."""
+    return capacity_pb2.CapacitySummary(
+        source_id=summary.source_id,
+        sequence=summary.sequence,
+        timestamp_ms=summary.timestamp_ms,
+        region=summary.region,
+        zone=summary.zone,
+        publisher_healthy=summary.publisher_healthy,
+        models=[
+            capacity_pb2.ModelCapacity(model=m.model, total_gpus=m.total_gpus)
+            for m in summary.models
+        ],
+    )
+
+
+def zone_children(region_cfg: RegionConfig) -> list[Child]:
+    return [
+        Child(name=z.name, endpoint=z.endpoint, models=z.models, location=z.location)
+        for z in region_cfg.zones
+    ]
+
+
+def build_regional_tier(
+    topology: Topology, region: str, *, reload_from: Callable[[], Topology] | None = None
+) -> TierServer:
+    """The regional tier of ``region`` as described by ``topology``; ``reload_from``
+    re-reads the topology for the Admin API's ReloadTopology."""
     region_cfg = topology.region(region)
     zones = ChildSet(
-        (
-            Child(name=z.name, endpoint=z.endpoint, models=z.models, location=z.location)
-            for z in region_cfg.zones
-        ),
+        zone_children(region_cfg),
         probe_interval_s=topology.health_interval_s,
         summary_ttl_s=topology.summary_ttl_s,
         kind="zone",
@@ -87,6 +119,19 @@ def build_regional_tier(topology: Topology, region: str) -> TierServer:
         failback=SlowStartConfig(window_s=topology.failback_window_s),
     )
     balancer = RankingBalancer(picker, zones)
+
+    def wanted(new: Topology) -> list[Child]:
+        try:
+            return zone_children(new.region(region))
+        except ConfigError:  # this region is gone: keep serving what it has
+            return list(zones)
+
+    def follow(new: Topology) -> None:
+        reader.follow({zone_stream(region, z.name): z.name for z in wanted(new)})
+
+    admin = upper_tier_admin(
+        "regional", region, "zone", zones, topology, wanted, follow=follow, source=reload_from
+    )
     return TierServer(
         spec,
         zones,
@@ -101,4 +146,5 @@ def build_regional_tier(topology: Topology, region: str) -> TierServer:
         name=region,
         tenants=frozenset(t.id for t in topology.auth.tenants),
         telemetry=setup_tracing("meridian-regional"),
+        admin=admin,
     )

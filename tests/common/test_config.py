@@ -7,13 +7,14 @@ import yaml
 
 from common.auth import hash_key
 from common.config import ConfigError, load_topology, topology_from_mapping
-from common.launcher import DEMO_FLEET, generate_tenant_keys
+from common.launcher import DEMO_FLEET, generate_admin_key, generate_tenant_keys
 
 
 def demo() -> dict[str, Any]:
     """The demo fleet file as the launcher hands it over (tenant keys generated)."""
     raw: dict[str, Any] = copy.deepcopy(yaml.safe_load(DEMO_FLEET.read_text()))
     generate_tenant_keys(raw)
+    generate_admin_key(raw)
     return raw
 
 
@@ -33,6 +34,8 @@ def test_demo_fleet_loads() -> None:
 
 def test_launcher_keys_are_stored_only_as_hashes() -> None:
     raw = copy.deepcopy(yaml.safe_load(DEMO_FLEET.read_text()))
+    admin = generate_admin_key(raw)
+    assert admin is not None and hash_key(admin) in raw["auth"]["admin_keys"]
     keys = generate_tenant_keys(raw)
     assert set(keys) == {"demo", "free-tier"}
     text = yaml.safe_dump(raw)
@@ -144,4 +147,18 @@ def test_rtt_matrix_unknown_region_names_its_key() -> None:
     raw = demo()
     raw["rtt_ms"] = {"eu-west": {"mars": 1}}
     with pytest.raises(ConfigError, match=r"^rtt_ms\.eu-west\.mars: unknown region"):
+        topology_from_mapping(raw)
+
+
+def test_admin_keys_are_sha256_digests() -> None:
+    raw = demo()
+    raw["auth"]["admin_keys"] = ["not-a-digest"]
+    with pytest.raises(ConfigError, match=r"auth\.admin_keys\[0\]: expected a SHA-256"):
+        topology_from_mapping(raw)
+
+
+def test_region_zone_and_gpu_names_are_unique_together() -> None:
+    raw = demo()
+    raw["regions"][1]["zones"][0]["gpus"][0]["name"] = raw["regions"][0]["name"]
+    with pytest.raises(ConfigError, match="region, zone and GPU names together"):
         topology_from_mapping(raw)

@@ -1,0 +1,393 @@
+"""The Admin API (``meridian.v1.Admin``), served by every tier beside V2.
+
+One mechanism for all three tiers: a tier applies an action whose target is
+one of its own children and forwards any other to the child whose subtree
+holds the target (the topology says which; names are unique in it), over
+the channel it already has to that child. Operators therefore call only the
+global endpoint; inner tiers accept only the tier above (mutual TLS), and
+the global checks an admin key (``auth.admin_keys``) when authentication is
+on. ``ListTopology`` fans out the same way and merges; ``ReloadTopology``
+reloads this tier, then forwards to every child, so the whole tree reloads.
+
+What a tier does to its own children is in its ``TierHooks``: how it
+describes a child, whether weights apply (GPUs only) and how it reloads.
+Drain state and weights live in the tier process: a restarted tier starts
+with nothing drained and every weight 1.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from common.auth import AUTHORIZATION, hash_key
+from common.children import Child, ChildSet
+from common.config import AuthConfig, ConfigError, Topology
+from common.errors import RouteError
+from common.gen.meridian.v1 import admin_pb2 as apb
+from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
+
+ADMIN_SERVICE = apb.DESCRIPTOR.services_by_name["Admin"].full_name
+# The tier below each tier, for naming a child tier in reports.
+TIER_BELOW = {"global": "regional", "regional": "local"}
+# How long a forwarded admin call may take when the caller set no deadline.
+FORWARD_TIMEOUT_S = 10.0
+
+
+def subtree_index(topology: Topology, tier: str, name: str) -> dict[str, tuple[str, str]]:
+    """Every region, zone and GPU below this tier: name -> (own child holding it, kind)."""
+    index: dict[str, tuple[str, str]] = {}
+    for region in topology.regions:
+        if tier == "global":
+            index[region.name] = (region.name, "region")
+        elif tier == "regional" and region.name != name:
+            continue
+        for zone in region.zones:
+            if tier == "local" and zone.name != name:
+                continue
+            owner = {"global": region.name, "regional": zone.name}.get(tier)
+            if owner is not None:
+                index[zone.name] = (owner, "zone")
+            for gpu in zone.gpus:
+                index[gpu.name] = (owner or gpu.name, "gpu")
+    return index
+
+
+class AdminGuard:
+    """Who may call the Admin API at the edge: holders of an admin key, when auth is on."""
+
+    def __init__(self, auth: AuthConfig) -> None:
+        self.update(auth)
+
+    def update(self, auth: AuthConfig) -> None:
+        self.enabled = auth.enabled
+        self.admin = auth.admin_key_hashes
+        self.tenants = {d: t.id for t in auth.tenants for d in t.key_hashes}
+
+    def check(self, metadata: Any) -> None:
+        """Raise UNAUTHENTICATED (no or unknown key) or PERMISSION_DENIED (a tenant's key)."""
+        if not self.enabled:
+            return
+        value = next((v for k, v in metadata or () if k == AUTHORIZATION), None)
+        if not isinstance(value, str) or not value.startswith("Bearer "):
+            raise RouteError(
+                grpc.StatusCode.UNAUTHENTICATED,
+                "the Admin API needs 'authorization: Bearer <admin key>' metadata",
+            )
+        digest = hash_key(value[len("Bearer ") :].strip())
+        if digest in self.admin:
+            return
+        if digest in self.tenants:
+            raise RouteError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the key of tenant '{self.tenants[digest]}' may not call the Admin API; "
+                "use an admin key (auth.admin_keys)",
+            )
+        raise RouteError(grpc.StatusCode.UNAUTHENTICATED, "admin key not recognised")
+
+
+@dataclass
+class TierHooks:
+    """What one tier does to its own children."""
+
+    describe: Callable[[Child], apb.Node]
+    reload: Callable[[Topology], Awaitable[apb.TierReload]]
+    # None: weights do not apply to this tier's children (only GPUs have them).
+    set_weight: Callable[[Child, float], None] | None = None
+
+
+def describe_child(child: Child, kind: str, now: float, ttl_s: float) -> apb.Node:
+    """A region or zone as the tier above sees it: health, drain, in flight, and its
+    newest fresh summary (for several models, the model with the most slots)."""
+    node = apb.Node(
+        name=child.name,
+        kind=kind,
+        endpoint=child.endpoint.address,
+        healthy=child.healthy,
+        drained=child.drained,
+        outstanding_requests=max(0, child.outstanding_requests),
+        last_error=child.last_error,
+    )
+    summary = child.fresh_summary(now, ttl_s)
+    if summary is not None and summary.models:
+        entry = max(summary.models, key=lambda m: (m.total_slots, m.total_gpus))
+        node.summary_fresh = True
+        node.healthy_gpus = entry.healthy_gpus
+        node.total_gpus = entry.total_gpus
+        node.total_slots = entry.total_slots
+        node.free_slots = entry.free_slots
+        node.queued_requests = entry.queued_requests
+        node.utilisation = entry.utilisation
+    return node
+
+
+class AdminService(apb_grpc.AdminServicer):
+    """The Admin servicer of one tier (see the module docstring)."""
+
+    def __init__(
+        self,
+        tier: str,
+        name: str,
+        children: ChildSet,
+        topology: Topology,
+        hooks: TierHooks,
+        *,
+        source: Callable[[], Topology] | None = None,
+        guard: AdminGuard | None = None,
+    ) -> None:
+        self.tier = tier
+        self.name = name
+        self.label = tier if tier == "global" else f"{tier} {name}"
+        self.children = children
+        self.topology = topology
+        self.hooks = hooks
+        # Re-reads the file this tier was started from; None: ReloadTopology is refused.
+        self.source = source
+        self.guard = guard
+        self.index = subtree_index(topology, tier, name)
+        self.on_reloaded: Callable[[], None] = lambda: None
+        self._reloading = asyncio.Lock()
+
+    def register(self, server: grpc.aio.Server) -> None:
+        apb_grpc.add_AdminServicer_to_server(self, server)
+
+    # ------------------------------------------------------------------ plumbing
+
+    async def _fail(self, context: grpc.aio.ServicerContext, err: RouteError) -> None:
+        await context.abort(err.code, err.message)
+
+    def _authorise(self, context: grpc.aio.ServicerContext) -> None:
+        if self.guard is not None:
+            self.guard.check(context.invocation_metadata())
+
+    def _locate(self, target: str) -> tuple[Child, str]:
+        """This tier's child whose subtree holds ``target``, and the target's kind."""
+        where = self.index.get(target)
+        child = self.children.by_name.get(where[0]) if where else None
+        if where is None or child is None:
+            raise RouteError(
+                grpc.StatusCode.NOT_FOUND,
+                f"no region, zone or GPU named {target!r} behind the {self.label} tier",
+            )
+        return child, where[1]
+
+    def _stub(self, child: Child) -> apb_grpc.AdminStub:
+        if child.channel is None:
+            raise RouteError.unavailable(f"{self.children.kind} {child.name} has no channel yet")
+        return apb_grpc.AdminStub(child.channel)
+
+    @staticmethod
+    def _timeout(context: grpc.aio.ServicerContext | None) -> float:
+        remaining = context.time_remaining() if context is not None else None
+        return FORWARD_TIMEOUT_S if remaining is None else max(0.1, float(remaining))
+
+    async def _forward(
+        self, method: str, request: Any, child: Child, context: grpc.aio.ServicerContext
+    ) -> Any:
+        """Call ``method`` on the tier below ``child``; its error becomes ours."""
+        try:
+            return await getattr(self._stub(child), method)(request, timeout=self._timeout(context))
+        except grpc.aio.AioRpcError as exc:
+            raise RouteError(exc.code(), exc.details() or exc.code().name) from None
+
+    # ------------------------------------------------------------------ RPCs
+
+    async def ListTopology(
+        self, request: apb.ListTopologyRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ListTopologyResponse:
+        try:
+            self._authorise(context)
+        except RouteError as err:
+            await self._fail(context, err)
+        children = list(self.children)
+        nodes = [self.hooks.describe(c) for c in children]
+        if self.tier in TIER_BELOW:
+            below = await asyncio.gather(
+                *(self._list_below(c, context) for c in children), return_exceptions=True
+            )
+            for node, result in zip(nodes, below, strict=True):
+                if isinstance(result, apb.ListTopologyResponse):
+                    node.children.extend(result.nodes)
+                else:
+                    node.error = str(result)
+        return apb.ListTopologyResponse(nodes=nodes)
+
+    async def _list_below(
+        self, child: Child, context: grpc.aio.ServicerContext
+    ) -> apb.ListTopologyResponse:
+        try:
+            reply: apb.ListTopologyResponse = await self._forward(
+                "ListTopology", apb.ListTopologyRequest(), child, context
+            )
+        except RouteError as err:
+            raise RuntimeError(f"{err.code.name}: {err.message}") from None
+        return reply
+
+    async def Drain(
+        self, request: apb.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> apb.AdminActionResponse:
+        return await self._drain(request, context, drained=True)
+
+    async def Undrain(
+        self, request: apb.DrainRequest, context: grpc.aio.ServicerContext
+    ) -> apb.AdminActionResponse:
+        return await self._drain(request, context, drained=False)
+
+    async def _drain(
+        self, request: apb.DrainRequest, context: grpc.aio.ServicerContext, *, drained: bool
+    ) -> apb.AdminActionResponse:
+        try:
+            self._authorise(context)
+            child, kind = self._locate(request.target)
+            if child.name != request.target:
+                method = "Drain" if drained else "Undrain"
+                reply: apb.AdminActionResponse = await self._forward(
+                    method, request, child, context
+                )
+                return reply
+            self.children.set_drained(child, drained)
+        except RouteError as err:
+            await self._fail(context, err)
+            raise  # unreachable: abort raises
+        detail = (
+            "no new requests; requests in flight finish" if drained else "takes new requests again"
+        )
+        return apb.AdminActionResponse(
+            target=child.name, kind=kind, applied_by=self.label, detail=detail
+        )
+
+    async def SetWeight(
+        self, request: apb.SetWeightRequest, context: grpc.aio.ServicerContext
+    ) -> apb.AdminActionResponse:
+        try:
+            self._authorise(context)
+            if not (math.isfinite(request.weight) and request.weight > 0):
+                raise RouteError.invalid(f"weight must be a number > 0, got {request.weight}")
+            child, kind = self._locate(request.gpu)
+            if kind != "gpu":
+                raise RouteError.invalid(f"{request.gpu!r} is a {kind}; weights apply to GPUs only")
+            if child.name != request.gpu:
+                reply: apb.AdminActionResponse = await self._forward(
+                    "SetWeight", request, child, context
+                )
+                return reply
+            if self.hooks.set_weight is None:
+                raise RouteError.invalid(f"the {self.label} tier has no GPU weights")
+            self.hooks.set_weight(child, request.weight)
+        except RouteError as err:
+            await self._fail(context, err)
+            raise  # unreachable: abort raises
+        return apb.AdminActionResponse(
+            target=child.name,
+            kind=kind,
+            applied_by=self.label,
+            detail=f"weight {request.weight:g}",
+        )
+
+    async def ReloadTopology(
+        self, request: apb.ReloadTopologyRequest, context: grpc.aio.ServicerContext
+    ) -> apb.ReloadTopologyResponse:
+        try:
+            self._authorise(context)
+            async with self._reloading:
+                own = await self._reload_self()
+        except RouteError as err:
+            await self._fail(context, err)
+            raise  # unreachable: abort raises
+        # Forward to the children of the new topology (new ones included: they were
+        # started from the new file, reloading is a no-op for them).
+        below = [c for c in self.children if c.name in self.index]
+        replies = await asyncio.gather(*(self._reload_below(c, context) for c in below))
+        tiers = [own]
+        for reply in replies:
+            tiers.extend(reply)
+        return apb.ReloadTopologyResponse(tiers=tiers)
+
+    async def _reload_self(self) -> apb.TierReload:
+        if self.source is None:
+            raise RouteError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the {self.label} tier was not started from a topology file",
+            )
+        try:
+            topology = self.source()
+        except (ConfigError, OSError) as exc:
+            raise RouteError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"topology not reloaded, nothing changed: {exc}",
+            ) from None
+        report = await self.hooks.reload(topology)
+        report.tier = self.label
+        report.not_applied.extend(unapplied_settings(self.topology, topology, self.tier, self.name))
+        self.topology = topology
+        self.index = subtree_index(topology, self.tier, self.name)
+        if self.guard is not None:
+            self.guard.update(topology.auth)
+        self.on_reloaded()
+        return report
+
+    async def _reload_below(
+        self, child: Child, context: grpc.aio.ServicerContext
+    ) -> Sequence[apb.TierReload]:
+        if self.tier not in TIER_BELOW:
+            return ()
+        try:
+            reply: apb.ReloadTopologyResponse = await self._forward(
+                "ReloadTopology", apb.ReloadTopologyRequest(), child, context
+            )
+        except RouteError as err:
+            label = f"{TIER_BELOW[self.tier]} {child.name}"
+            return (apb.TierReload(tier=label, error=f"{err.code.name}: {err.message}"),)
+        return reply.tiers
+
+
+# Topology settings a running tier does not take over (all but regions, rtt_ms and
+# auth.admin_keys, which the tiers apply).
+_RESTART_SETTINGS = (
+    "redis_url",
+    "summary_cadence_s",
+    "summary_stream_maxlen",
+    "health_interval_s",
+    "time_scale",
+    "slow_start_window_s",
+    "failback_window_s",
+    "tls",
+    "limits",
+)
+
+
+def own_addresses(topology: Topology, tier: str, name: str) -> tuple[str, str] | None:
+    """This tier's own listen and ops addresses in ``topology`` (None: not in it)."""
+    if tier == "global":
+        own: Any = topology.global_tier
+    else:
+        found: list[Any] = [region for region in topology.regions if region.name == name]
+        found += [zone for region in topology.regions for zone in region.zones if zone.name == name]
+        if not found:
+            return None
+        own = found[0]
+    return str(own.endpoint), str(own.ops)
+
+
+def unapplied_settings(old: Topology, new: Topology, tier: str, name: str) -> list[str]:
+    """Differences a running tier leaves alone: restart it to apply them."""
+    out = [
+        f"{key} (restart to apply)"
+        for key in _RESTART_SETTINGS
+        if getattr(old, key) != getattr(new, key)
+    ]
+    if old.auth.enabled != new.auth.enabled or old.auth.tenants != new.auth.tenants:
+        out.append("auth.enabled / auth.tenants (restart to apply)")
+    before, after = own_addresses(old, tier, name), own_addresses(new, tier, name)
+    if after is None:
+        out.append(f"{name} itself is gone from the topology: stop this process")
+    elif before is not None and before[0] != after[0]:
+        out.append(f"own listen address {before[0]} -> {after[0]} (restart to apply)")
+    elif before is not None and before[1] != after[1]:
+        out.append(f"own ops_listen {before[1]} -> {after[1]} (restart to apply)")
+    return out

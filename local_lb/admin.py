@@ -1,0 +1,144 @@
+"""The local tier's side of the Admin API: GPUs as nodes, weights, topology reload.
+
+A drained GPU is out of the free pools at once (``GpuChild.usable``), so no
+new request and no queued one is bound to it, while the requests it runs
+finish and its health keeps being checked; the zone's summary counts it as
+having no capacity. A weight scales the GPU's learned rate in the default
+picker's cost. On reload a new GPU starts as down and joins once the monitor
+finds it serving (then ramps up through slow start); a removed one is
+drained, and forgotten once its requests have ended; slots, hardware and
+models of a kept GPU are taken over.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from common.admin import AdminService, TierHooks
+from common.children import Child, ChildSet
+from common.config import ConfigError, GpuConfig, Topology
+from common.gen.meridian.v1 import admin_pb2 as apb
+from common.reload import reload_children
+from local_lb.balancer import LocalBalancer
+from local_lb.load import BackendMonitor, MonitoredGpu
+from local_lb.policies import make_picker
+from local_lb.state import GpuChild, LocalView
+
+
+@dataclass
+class LocalAdmin:
+    """TierHooks of one local tier."""
+
+    region: str
+    zone: str
+    children: ChildSet
+    view: LocalView
+    balancer: LocalBalancer
+    monitor: BackendMonitor
+    policy: str
+    rng: random.Random
+    make_gpu: Callable[[GpuConfig], GpuChild]
+
+    def describe(self, child: Child) -> apb.Node:
+        assert isinstance(child, GpuChild)
+        node = apb.Node(
+            name=child.name,
+            kind="gpu",
+            endpoint=child.endpoint.address,
+            healthy=child.healthy,
+            drained=child.drained,
+            weight=child.weight,
+            outstanding_requests=max(0, child.outstanding_requests),
+            last_error=child.last_error,
+            healthy_gpus=int(child.usable),
+            total_gpus=1,
+            total_slots=child.slots,
+            free_slots=max(0, child.free_slots) if child.usable else 0,
+            utilisation=min(1.0, max(0, child.outstanding_requests) / child.slots),
+            hardware=child.hardware,
+            rate=child.rate,
+            ejected=child.ejected,
+            reported_running=-1.0,
+            reported_waiting=-1.0,
+            kv_cache_usage=-1.0,
+        )
+        sample = self.view.load.get(child.name, time.monotonic(), self.view.report_max_age_s)
+        if sample is not None:
+            node.reported_running = sample.running
+            node.reported_waiting = sample.waiting
+            node.queued_requests = int(sample.waiting)
+            if sample.kv_cache_usage is not None:
+                node.kv_cache_usage = sample.kv_cache_usage
+        return node
+
+    def set_weight(self, child: Child, weight: float) -> None:
+        assert isinstance(child, GpuChild)
+        child.weight = weight
+
+    async def reload(self, topology: Topology) -> apb.TierReload:
+        try:
+            configs = {g.name: g for g in topology.zone(self.region, self.zone).gpus}
+        except ConfigError:  # this zone is gone: keep serving what it has
+            return apb.TierReload()
+        report = await reload_children(
+            self.children,
+            [self.make_gpu(cfg) for cfg in configs.values()],
+            on_added=lambda gpu: self.monitor.add(MonitoredGpu.from_config(configs[gpu.name])),
+            on_gone=self._gone,
+        )
+        for gpu in self._gpus():
+            cfg = configs.get(gpu.name)
+            if cfg is not None and cfg.name not in report.added:
+                changes = self._take_settings(gpu, cfg)
+                if changes:
+                    report.changed.append(f"{gpu.name}: {', '.join(changes)}")
+        self._reindex(self._gpus())
+        return report
+
+    def _take_settings(self, gpu: GpuChild, cfg: GpuConfig) -> list[str]:
+        """The GPU-only settings of a kept GPU (models and speed: reload_children)."""
+        changes = []
+        if gpu.slots != cfg.max_concurrency:
+            changes.append(f"max_concurrency {gpu.slots} -> {cfg.max_concurrency}")
+            gpu.slots = cfg.max_concurrency
+        if gpu.hardware != cfg.hardware:
+            changes.append(f"hardware {gpu.hardware} -> {cfg.hardware}")
+            gpu.hardware = cfg.hardware
+        if dict(gpu.versions) != dict(cfg.versions):
+            changes.append("versions")
+            gpu.versions = dict(cfg.versions)
+        return changes
+
+    def _gpus(self) -> list[GpuChild]:
+        return [g for g in self.children if isinstance(g, GpuChild)]
+
+    async def _gone(self, child: Child) -> None:
+        """A removed GPU finished its last request: stop watching it, drop it."""
+        await self.monitor.remove(child.name)
+        self.view.prefix.forget(child.name)
+        self._reindex([g for g in self._gpus() if g is not child])
+
+    def _reindex(self, gpus: list[GpuChild]) -> None:
+        """Re-derive what depends on the set of GPUs: pools, picker (its session
+        ring), slot totals and the ejection cap."""
+        self.view.set_gpus(gpus)
+        self.balancer.total_slots = sum(g.slots for g in gpus)
+        self.balancer.outlier.set_total(len(gpus))
+        self.balancer.picker = make_picker(self.policy, self.view, self.rng)
+        self.balancer.refresh_all()
+
+
+def local_admin(
+    hooks: LocalAdmin, topology: Topology, source: Callable[[], Topology] | None
+) -> AdminService:
+    return AdminService(
+        "local",
+        hooks.zone,
+        hooks.children,
+        topology,
+        TierHooks(hooks.describe, hooks.reload, hooks.set_weight),
+        source=source,
+    )

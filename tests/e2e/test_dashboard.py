@@ -1,0 +1,205 @@
+"""The fleet as the global tier shows it: /api/fleet, /api/fleet/traces, /api/series,
+the dashboard page in a real headless Chromium, and `meridian top --once`.
+
+One fleet (2 regions x 2 zones x 1 GPU, every request traced) serves the whole
+module; the test that kills a tier restarts it before it ends.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from common.launcher import Fleet
+from tests.browser import chromium, require_chromium, show_trace
+from tests.client import V2Client
+from tests.conftest import small_fleet_spec, start_fleet
+from tests.e2e.test_ops import get, wait_until
+
+ROOT = Path(__file__).resolve().parents[2]
+# Set to a path (e.g. docs/dashboard.png) to keep the browser test's screenshot there.
+SCREENSHOT_ENV = "MERIDIAN_DASHBOARD_SCREENSHOT"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    with pytest.MonkeyPatch.context() as env:
+        # Every request traced, so each test's requests show up (the default is 1 in 10).
+        env.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+        env.delenv("OTEL_EXPORTER_OTLP_ENDPOINT", raising=False)
+        env.delenv("OTEL_SDK_DISABLED", raising=False)
+        fleet = start_fleet(tmp_path_factory.mktemp("dashboard"), small_fleet_spec(2, 2, 1))
+    try:
+        yield fleet
+    finally:
+        fleet.stop()
+
+
+def ops(fleet: Fleet) -> str:
+    endpoint = fleet.topology.global_tier.ops
+    assert endpoint is not None
+    return endpoint.address
+
+
+def get_json(address: str, path: str) -> dict[str, Any]:
+    status, text = get(address, path)
+    assert status == 200, text
+    body: dict[str, Any] = json.loads(text)
+    return body
+
+
+def send(fleet: Fleet, n: int, geo: str = "53.35,-6.26") -> list[str]:
+    """``n`` requests from ``geo``; their routes."""
+    with V2Client(fleet.global_address) as client:
+        return [
+            client.infer(f"dashboard {i}", 3, metadata=[("x-meridian-client-geo", geo)]).route
+            for i in range(n)
+        ]
+
+
+def gpus(body: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    return {g["name"]: g for r in body["regions"] for z in r["zones"] for g in z["gpus"]}
+
+
+def test_fleet_shows_every_region_zone_and_gpu(fleet: Fleet) -> None:
+    def all_ok() -> bool:
+        return all(g["state"] == "ok" for g in gpus(get_json(ops(fleet), "/api/fleet")).values())
+
+    wait_until(all_ok)
+    body = get_json(ops(fleet), "/api/fleet")
+    topo = fleet.topology
+    assert [r["name"] for r in body["regions"]] == [r.name for r in topo.regions]
+    for region, cfg in zip(body["regions"], topo.regions, strict=True):
+        assert region["reachable"] is True and region["healthy"] is True
+        assert [z["name"] for z in region["zones"]] == [z.name for z in cfg.zones]
+        for zone in region["zones"]:
+            assert zone["reachable"] is True and zone["ready"] is True
+            assert set(zone["queue"]) == {"critical", "standard", "sheddable"}
+    found = gpus(body)
+    assert set(found) == {g.name for r in topo.regions for z in r.zones for g in z.gpus}
+    for gpu in found.values():
+        assert gpu["hardware"] and gpu["slots"] == 16
+        assert 0.0 <= gpu["utilisation"] <= 1.0
+    assert body["totals"]["gpus"] == body["totals"]["gpus_ok"] == len(found)
+
+
+def test_series_and_traces_move_with_traffic(fleet: Fleet) -> None:
+    address = ops(fleet)
+    started = time.time()
+    routes = send(fleet, 20)
+    assert all(r.startswith("eu-west/") for r in routes)
+
+    def answered_since_start() -> float:
+        points = get_json(address, "/api/series")["points"]
+        return sum(p["rps"] for p in points if p["t"] > started)
+
+    wait_until(lambda: answered_since_start() >= 19)  # ~1 s per point, rounded rates
+    assert answered_since_start() <= 21
+    points = get_json(address, "/api/series?seconds=5")["points"]
+    assert 1 <= len(points) <= 5
+    assert set(points[0]) == {"t", "rps", "errors_per_s", "p50_ms", "p90_ms", "p99_ms"}
+    latencies = [p["p50_ms"] for p in get_json(address, "/api/series")["points"]]
+    assert any(v is not None and v > 0 for v in latencies)
+
+    body = get_json(address, "/api/fleet/traces?limit=5")
+    traces = body["traces"]
+    assert len(traces) == 5
+    assert traces == sorted(traces, key=lambda t: t["start_ns"], reverse=True)
+    newest = traces[0]
+    assert newest["tiers"] == ["global", "regional", "local"]
+    route = newest["route"]
+    assert f"{route['region']}/{route['zone']}/{route['gpu']}" in routes
+    reasons = {h["tier"]: h["reason"] for h in newest["hops"]}
+    assert reasons["global"] == "nearest region"
+    assert reasons["regional"] and reasons["local"]
+    assert {h["child"] for h in newest["hops"]} >= {route["region"], route["zone"], route["gpu"]}
+    sources = {s["source"] for s in newest["spans"]}
+    assert sources == {"global", f"regional {route['region']}", f"local {route['zone']}"}
+    assert get(address, "/api/fleet/traces?limit=x")[0] == 400
+
+
+def test_only_the_global_serves_the_dashboard(fleet: Fleet) -> None:
+    status, page = get(ops(fleet), "/")
+    assert status == 200 and 'id="fleet"' in page and "<script>" in page
+    assert get(ops(fleet), "/dashboard")[0] == 200
+    region = fleet.topology.regions[0].ops
+    assert region is not None
+    assert get(region.address, "/")[0] == 404
+    assert get(region.address, "/api/series")[0] == 200
+
+
+def test_top_once_prints_the_fleet(fleet: Fleet) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "common.cli", "top", "--once", "--ops", ops(fleet)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert done.returncode == 0, done.stderr
+    out = done.stdout
+    assert "\x1b[" not in out  # not a terminal: no colour codes
+    assert "requests/s" in out and "REGION / ZONE / GPU" in out
+    for region in fleet.topology.regions:
+        assert region.name in out
+        for zone in region.zones:
+            assert zone.name in out
+            for gpu in zone.gpus:
+                assert any(
+                    line.split()[:3] == [gpu.name, gpu.hardware, "ok"] for line in out.splitlines()
+                ), out
+
+
+def test_dashboard_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
+    require_chromium()
+    send(fleet, 6, geo="40.71,-74.01")
+    n_gpus = len(gpus(get_json(ops(fleet), "/api/fleet")))
+    with chromium() as driver:
+        trace_id = show_trace(driver, f"http://{ops(fleet)}/", n_gpus)
+        tiles = driver.find_elements("css selector", "#fleet .gpu[data-state='ok']")
+        assert len(tiles) == n_gpus
+        rows = driver.find_elements("css selector", "#timeline .span-row")
+        assert {r.get_attribute("data-tier") for r in rows} == {"global", "regional", "local"}
+        selected = driver.find_elements("css selector", "#traces tr.trace.selected")
+        assert [r.get_attribute("data-trace-id") for r in selected] == [trace_id]
+        assert driver.find_elements("css selector", "#rate-chart polyline")
+        # Live without reloading: the page keeps polling.
+        polls = int(driver.find_element("tag name", "body").get_attribute("data-fleet-polls"))
+        wait_until(
+            lambda: (
+                int(driver.find_element("tag name", "body").get_attribute("data-fleet-polls"))
+                > polls + 1
+            )
+        )
+        shot = tmp_path / "dashboard.png"
+        assert driver.save_screenshot(str(shot))
+        assert shot.stat().st_size > 10_000
+        if os.environ.get(SCREENSHOT_ENV):
+            driver.save_screenshot(os.environ[SCREENSHOT_ENV])
+
+
+def test_an_unreachable_tier_is_shown_not_fatal(fleet: Fleet) -> None:
+    """Last: it kills a local tier (and restarts it)."""
+    zone = fleet.topology.regions[1].zones[0]
+    fleet.kill(f"local-{zone.name}")
+    try:
+
+        def zone_view() -> dict[str, Any]:
+            body = get_json(ops(fleet), "/api/fleet")
+            return next(z for r in body["regions"] for z in r["zones"] if z["name"] == zone.name)
+
+        wait_until(lambda: zone_view()["reachable"] is False and zone_view()["healthy"] is False)
+        view = zone_view()
+        assert view["error"]
+        assert [g["state"] for g in view["gpus"]] == ["unknown"]
+        assert [g["name"] for g in view["gpus"]] == [g.name for g in zone.gpus]
+    finally:
+        fleet.restart(f"local-{zone.name}")
