@@ -251,6 +251,7 @@ def child_state(
                 "name": c.name,
                 "endpoint": c.endpoint.address,
                 "healthy": c.healthy,
+                "drained": c.drained,
                 "last_error": c.last_error,
                 "outstanding_requests": c.outstanding_requests,
                 "summary_age_s": None if c.summary is None else now - c.summary_received_at,

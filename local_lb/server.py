@@ -97,7 +97,13 @@ def gpu_details(view: LocalView, gpu: Child) -> dict[str, Any]:
     itself last reported (``reported`` is None when that is unknown or stale)."""
     out: dict[str, Any] = {}
     if isinstance(gpu, GpuChild):
-        out.update(hardware=gpu.hardware, slots=gpu.slots, ejected=gpu.ejected, share=gpu.share)
+        out.update(
+            hardware=gpu.hardware,
+            slots=gpu.slots,
+            ejected=gpu.ejected,
+            share=gpu.share,
+            weight=gpu.weight,
+        )
     now = time.monotonic()
     sample = view.load.get(gpu.name, now, view.report_max_age_s)
     out["reported"] = (
