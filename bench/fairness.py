@@ -10,10 +10,12 @@ internal metadata ``x-meridian-tenant`` (which the local tier trusts from the ti
 2. **alone**: tenant ``steady`` sends Poisson at ``--steady-share`` × C.
 3. **contended**: the same steady stream (same seed: same arrivals, same prompts) while
    tenant ``flood`` sends Poisson at ``--flood-x`` × its fair share (C / 2), each flood
-   request with a ``--flood-deadline-s`` deadline so the queue sheds it.
-4. **no fairness**: as (3), but both streams carry the same tenant id, so inside the
+   request with a ``--flood-deadline-s`` deadline so the queue sheds it; the local tier
+   keeps its reserved headroom (``tenant_headroom``, ``--headroom``).
+4. **VTC only**: as (3) with no reserved headroom: what the queue's fairness alone gives.
+5. **no fairness**: as (4), but both streams carry the same tenant id, so inside the
    central queue they are one FIFO — what the virtual token counter buys.
-5. **contended, short steady deadline**: as (3) with fewer steady requests whose deadline
+6. **contended, short steady deadline**: as (3) with fewer steady requests whose deadline
    (``--short-deadline-s``) is shorter than the flood's backlog but longer than steady's
    contended latency: does the queue's admission check let them in?
 
@@ -23,7 +25,7 @@ instance to time each tenant's wait in it (instrumentation only; the router's co
 unchanged), every GPU's batch and engine FIFO are sampled every 20 ms, and the engines'
 token counters give the share of GPU time spent prefilling.
 
-    .venv/bin/python -m bench.fairness              # full run (~2 min), writes results
+    .venv/bin/python -m bench.fairness              # full run (~2.5 min), writes results
     .venv/bin/python -m bench.fairness --steady-requests 150 --no-write
 """
 
@@ -330,6 +332,8 @@ class PhaseSpec:
     flood_id: str | None  # None: steady alone
     steady_requests: int
     steady_deadline_s: float
+    # The local tier's tenant_headroom in this run (None: the topology's default).
+    headroom: float | None = None
 
 
 @dataclass(frozen=True)
@@ -338,8 +342,11 @@ class Phase:
     steady_tenant_id: str
     flood_tenant_id: str | None
     steady_deadline_s: float
+    headroom: float
     steady: Stream
     flood: Stream | None
+    # Requests of either tenant finished OK per second while steady was sending.
+    zone_ok_rps: float
     # Steady's waits in the central queue (None when both streams share one tenant id).
     steady_queued: int | None
     steady_queue_wait_p50_ms: float | None
@@ -365,6 +372,7 @@ class Rig:
     steady_stubs: list[pb_grpc.GRPCInferenceServiceStub]
     flood_stubs: list[pb_grpc.GRPCInferenceServiceStub]
     args: argparse.Namespace
+    default_headroom: float = 0.0
     capacity_rps: float = 0.0
     phases: list[Phase] = field(default_factory=list)
 
@@ -380,6 +388,8 @@ async def run_phase(rig: Rig, spec: PhaseSpec) -> Phase:
     steady_t0 = t0 + (args.flood_lead_s if spec.flood_id else 0.0)
     flood_task = None
     rig.probe.reset()
+    tenants = rig.tier.balancer.tenants  # type: ignore[attr-defined]
+    tenants.headroom = rig.default_headroom if spec.headroom is None else spec.headroom
     if spec.flood_id is not None:
         span = args.flood_lead_s + 1.5 * spec.steady_requests / steady_rate + 2.0
         flood_task = asyncio.create_task(
@@ -400,7 +410,7 @@ async def run_phase(rig: Rig, spec: PhaseSpec) -> Phase:
     try:
         await asyncio.sleep(max(0.0, steady_t0 - loop.time()))
         rig.monitor.record(True)
-        cpu0, wall0 = time.process_time(), time.monotonic()
+        cpu0, wall0, window_start = time.process_time(), time.monotonic(), loop.time()
         await open_loop(
             rig.steady_stubs,
             stream=STEADY,
@@ -414,6 +424,7 @@ async def run_phase(rig: Rig, spec: PhaseSpec) -> Phase:
             out=samples,
         )
         cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+        window = (window_start, loop.time())
         rig.monitor.record(False)
     finally:
         stop.set()
@@ -431,8 +442,11 @@ async def run_phase(rig: Rig, spec: PhaseSpec) -> Phase:
         steady_tenant_id=spec.steady_id,
         flood_tenant_id=spec.flood_id,
         steady_deadline_s=spec.steady_deadline_s,
+        headroom=tenants.headroom,
         steady=stream_stats(steady),
         flood=stream_stats(flood) if spec.flood_id is not None else None,
+        zone_ok_rps=sum(1 for s in samples if s.code == "OK" and window[0] <= s.done <= window[1])
+        / max(1e-9, window[1] - window[0]),
         steady_queued=len(waits) + probe.failed.get(spec.steady_id, 0) if split else None,
         steady_queue_wait_p50_ms=1000 * statistics.median(waits) if waits else None,
         steady_queue_wait_p99_ms=1000 * (pct(waits, 0.99) or 0.0) if waits else None,
@@ -481,7 +495,8 @@ def phase_specs(args: argparse.Namespace) -> list[PhaseSpec]:
     specs = [
         PhaseSpec("alone", STEADY, None, n, deadline),
         PhaseSpec("contended", STEADY, FLOOD, n, deadline),
-        PhaseSpec("no fairness", SHARED, SHARED, n, deadline),
+        PhaseSpec("contended, VTC only (no headroom)", STEADY, FLOOD, n, deadline, 0.0),
+        PhaseSpec("no fairness", SHARED, SHARED, n, deadline, 0.0),
     ]
     if args.short_deadline_requests:
         specs.append(
@@ -524,7 +539,8 @@ async def bench(args: argparse.Namespace) -> Rig:
                 out.append(pb_grpc.GRPCInferenceServiceStub(channel))
             return out
 
-        rig = Rig(tier, probe, monitor, stubs(1), stubs(4), args)
+        headroom = topo.tenant_headroom if args.headroom is None else args.headroom
+        rig = Rig(tier, probe, monitor, stubs(1), stubs(4), args, headroom)
         await asyncio.sleep(1.0)  # the monitor's first health check and metrics scrape
         slots = args.gpus * args.slots
         clients = slots + slots // 4
@@ -632,19 +648,19 @@ def markdown(rig: Rig, info: dict[str, Any], target: float) -> str:
         "tenants weigh 1. *No fairness*: both streams send the same tenant id, so the queue is "
         "one FIFO. Latency from each request's scheduled send time, OK requests only.",
         "",
-        "| run | steady sent | steady P50 ms | steady P99 ms | P99 / alone | steady queued | "
-        "its queue wait P50 / P99 ms | GPU batch | GPU prefill | GPU FIFO | queue depth | "
-        "loop lag P99 ms |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| run | headroom | steady sent | steady P50 ms | steady P99 ms | P99 / alone | "
+        "steady queued | its queue wait P50 / P99 ms | zone OK/s | GPU batch | GPU prefill | "
+        "GPU FIFO | queue depth | loop lag P99 ms |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for p in phases:
         r = ratio(p, alone)
         queued = "—" if p.steady_queued is None else str(p.steady_queued)
         lines.append(
-            f"| {p.name} | {p.steady.sent} | {_ms(p.steady.p50_ms)} | {_ms(p.steady.p99_ms)} | "
-            f"{'—' if r is None else f'{r:.2f}'} | {queued} | "
+            f"| {p.name} | {p.headroom:g} | {p.steady.sent} | {_ms(p.steady.p50_ms)} | "
+            f"{_ms(p.steady.p99_ms)} | {'—' if r is None else f'{r:.2f}'} | {queued} | "
             f"{_ms(p.steady_queue_wait_p50_ms)} / {_ms(p.steady_queue_wait_p99_ms)} | "
-            f"{p.mean_gpu_batch:.1f} | {100 * p.gpu_prefill_share:.0f} % | "
+            f"{p.zone_ok_rps:.1f} | {p.mean_gpu_batch:.1f} | {100 * p.gpu_prefill_share:.0f} % | "
             f"{p.mean_gpu_fifo:.1f} | {p.mean_queue_depth:.0f} | "
             f"{p.loop_lag_p99_ms:.1f} |"
         )
@@ -669,7 +685,7 @@ def markdown(rig: Rig, info: dict[str, Any], target: float) -> str:
         "",
         f"**Steady P99 contended / alone = {'—' if r is None else f'{r:.2f}'}** "
         f"(target ≤ {target:g}: {verdict}); without fairness "
-        f"{_ratio(ratio(phases[2], alone))}.",
+        f"{_ratio(ratio(phases[3], alone))}.",
         "",
         "Where steady's extra latency comes from. The GPU rows follow the emulated GPU's "
         "cost model (`sim.engine`) at the measured mean batch and prefill share; the queue "
@@ -699,6 +715,9 @@ def _ratio(value: float | None) -> str:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--gpus", type=int, default=4)
+    parser.add_argument(
+        "--headroom", type=float, default=None, help="tenant_headroom (default: the topology's)"
+    )
     parser.add_argument("--slots", type=int, default=16, help="max_concurrency per GPU")
     parser.add_argument("--time-scale", type=float, default=2.0, help="emulated GPU slowness")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -721,7 +740,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--calibrate-warm-s", type=float, default=3.0)
     parser.add_argument("--calibrate-s", type=float, default=5.0)
     parser.add_argument("--target", type=float, default=1.2, help="P99 ratio goal")
-    parser.add_argument("--budget-s", type=float, default=170.0, help="hard limit, whole run")
+    parser.add_argument("--budget-s", type=float, default=240.0, help="hard limit, whole run")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--no-write", action="store_true", help="print only")
     args = parser.parse_args(argv)
@@ -756,7 +775,8 @@ def main(argv: list[str] | None = None) -> None:
         "capacity_rps": rig.capacity_rps,
         "phases": [asdict(p) for p in rig.phases],
         "p99_ratio_contended_vs_alone": ratio(rig.phases[1], alone),
-        "p99_ratio_no_fairness_vs_alone": ratio(rig.phases[2], alone),
+        "p99_ratio_vtc_only_vs_alone": ratio(rig.phases[2], alone),
+        "p99_ratio_no_fairness_vs_alone": ratio(rig.phases[3], alone),
         "decomposition_ms": [
             {"part": name, "p50": p50, "p99": p99} for name, p50, p99 in decomposition(rig)
         ],

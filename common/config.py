@@ -199,6 +199,9 @@ class Limits:
     max_metadata_bytes: int = 16 * 1024
 
 
+DEFAULT_TENANT_HEADROOM = 0.6
+
+
 @dataclass(frozen=True)
 class Topology:
     """A whole deployment, as read from one YAML file."""
@@ -214,6 +217,9 @@ class Topology:
     slow_start_window_s: float = 30.0
     # Regions and zones that come back ramp their share up over this window.
     failback_window_s: float = 10.0
+    # Fraction of a zone's slots a heavy tenant may not take while a light tenant
+    # is active (local_lb.tenancy); 0 is purely work-conserving.
+    tenant_headroom: float = DEFAULT_TENANT_HEADROOM
     # Measured RTT, client region -> serving region -> ms; overrides distance estimates.
     rtt_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     auth: AuthConfig = field(default_factory=AuthConfig)
@@ -594,6 +600,9 @@ def topology_from_mapping(raw: Any) -> Topology:
     failback = root.get("failback_window_s", 10.0, kind=float)
     if failback < 0:
         raise ConfigError(f"failback_window_s: must be >= 0, got {failback}")
+    headroom = root.get("tenant_headroom", DEFAULT_TENANT_HEADROOM, kind=float)
+    if not 0.0 <= headroom <= 0.9:
+        raise ConfigError(f"tenant_headroom: must be between 0 and 0.9, got {headroom}")
     rtt = _rtt_matrix(root, {r.name for r in regions})
     auth = _auth(root, {r.name for r in regions})
     tls = _tls(root)
@@ -608,6 +617,7 @@ def topology_from_mapping(raw: Any) -> Topology:
         time_scale=time_scale,
         slow_start_window_s=slow_start,
         failback_window_s=failback,
+        tenant_headroom=headroom,
         rtt_ms=rtt,
         auth=auth,
         tls=tls,

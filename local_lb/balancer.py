@@ -47,6 +47,7 @@ from local_lb.cost import (
 )
 from local_lb.queue import CentralQueue, QueueFull, QueueRejected, QueueTimeout
 from local_lb.state import GpuChild, LocalView
+from local_lb.tenancy import TenantHeadroom
 
 log = logging.getLogger(__name__)
 ANONYMOUS = "anonymous"
@@ -63,6 +64,9 @@ class LocalBalancer:
     slow_start_config: SlowStartConfig = field(default_factory=SlowStartConfig)
     breaker: CircuitBreaker = field(default_factory=CircuitBreaker)
     max_queue_wait_s: float = 30.0
+    # Fraction of usable slots a heavy tenant may not take while a light one is
+    # active (local_lb.tenancy).
+    tenant_headroom: float = 0.0
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
 
@@ -76,7 +80,17 @@ class LocalBalancer:
         )
         self.slow_start = SlowStart(self.slow_start_config, clock=self.clock)
         self.total_slots = sum(g.slots for g in self.view.gpus)
+        self.usable_slots = sum(g.slots for g in self.view.gpus if g.usable)
+        self.tenants = TenantHeadroom(
+            self.tenant_headroom,
+            queued=self.queue.waiting_by_tenant,
+            weight=self.queue.weight,
+            clock=self.clock,
+        )
         self._band = 0
+        # Typical time a request takes on a GPU here (EWMA): a queued request with less
+        # time than this left is failed rather than given a slot it would waste.
+        self.service_s = 0.0
         # Called when the zone's utilisation crosses a band (its summary goes out at once).
         self.on_significant_change: Callable[[], None] = lambda: None
         self.children.add_listener(self.refresh_all)
@@ -98,7 +112,9 @@ class LocalBalancer:
             what = f"{pick.model!r} version {pick.version!r}" if pick.version else repr(pick.model)
             raise RouteError.not_found(f"no GPU in this zone serves model {what}")
         ranking = self.ranked(pick)
-        for gpu in self._candidates(pick, tried, ranking):
+        tenant = pick.tenant or ANONYMOUS
+        held_back = not self._may_take(tenant)
+        for gpu in () if held_back else self._candidates(pick, tried, ranking):
             if self.breaker.try_acquire(gpu.name):
                 self._reserve(gpu)
                 lease = self._lease(gpu, pick, breaker=True, tried=tried)
@@ -112,7 +128,9 @@ class LocalBalancer:
         gpu = await self._wait_in_queue(pick, serving, timeout)
         lease = self._lease(gpu, pick, breaker=False, tried=tried)
         lease.extra.update(
-            reason="queue", queued_s=self.clock() - queued_at, candidates=len(ranking)
+            reason="reserved headroom" if held_back else "queue",
+            queued_s=self.clock() - queued_at,
+            candidates=len(ranking),
         )
         return lease
 
@@ -143,6 +161,7 @@ class LocalBalancer:
         # Shed at once what could not finish in time anyway: a slot given to it would
         # be GPU work wasted (and a prefill stall for everyone in its batch).
         if timeout is not None and expected + service_s > timeout:
+            self.tenants.refused(pick.tenant or ANONYMOUS)
             raise RouteError.exhausted(
                 f"every GPU for {pick.model!r} is full and the expected queue wait "
                 f"({expected:.2f}s) plus service ({service_s:.2f}s) exceeds the request's "
@@ -161,11 +180,13 @@ class LocalBalancer:
             )
             name = await ticket.wait()
         except QueueTimeout:
+            self.tenants.refused(pick.tenant or ANONYMOUS)
             raise RouteError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"deadline spent waiting for a free GPU slot for {pick.model!r}",
             ) from None
         except (QueueFull, QueueRejected) as exc:
+            self.tenants.refused(pick.tenant or ANONYMOUS)
             retry = max(1, int(1000 * expected)) if expected else 1000
             raise RouteError.exhausted(f"local queue is full: {exc}", retry) from None
         return self.view.by_name[name]  # the slot was reserved for us by _hand_off
@@ -188,6 +209,8 @@ class LocalBalancer:
         )
         gpu.outstanding_work += work
         lease = Lease(gpu, work, now, concurrent=gpu.outstanding_requests)
+        tenant = pick.tenant or ANONYMOUS
+        self.tenants.took(tenant)
         if tried:
             reason = "failover"
         elif pick.session:
@@ -198,6 +221,7 @@ class LocalBalancer:
             reason = "least expected completion"
         lease.extra.update(
             breaker=breaker,
+            tenant=tenant,
             reason=reason,
             estimated_s=expected_completion_s(ahead, work, gpu.rate, max(gpu.share, 1e-3)),
             policy=self.policy_name,
@@ -222,6 +246,7 @@ class LocalBalancer:
         gpu = lease.child
         assert isinstance(gpu, GpuChild)
         gpu.outstanding_work -= lease.work
+        self.tenants.gave_back(lease.extra["tenant"])
         if lease.extra.get("breaker"):
             self.breaker.release(gpu.name)
         now = self.clock()
@@ -235,6 +260,9 @@ class LocalBalancer:
                 ewma(gpu.latency_ewma_s, outcome.elapsed_s)
                 if gpu.latency_ewma_s
                 else outcome.elapsed_s
+            )
+            self.service_s = (
+                ewma(self.service_s, outcome.elapsed_s) if self.service_s else outcome.elapsed_s
             )
         elif outcome.child_fault:
             self.outlier.record_failure(gpu.name)
@@ -272,15 +300,21 @@ class LocalBalancer:
     def _hand_off(self, gpu: GpuChild) -> None:
         """Give the GPU's free slots to queued requests, best first."""
         while len(self.queue) and gpu.usable and gpu.free_slots > 0:
-            if not self.queue.offer(gpu.name, gpu.models):
+            if not self.queue.offer(gpu.name, gpu.models, self._may_take, self.service_s):
                 return
             self._reserve(gpu)
+
+    def _may_take(self, tenant: str) -> bool:
+        """Reserved headroom (local_lb.tenancy): may ``tenant`` take a free slot now?"""
+        free = self.usable_slots - self.view.inflight_total
+        return self.tenants.may_take(tenant, free, self.usable_slots)
 
     # ------------------------------------------------------------------ state changes
 
     def _ejection_changed(self, name: str, ejected: bool) -> None:
         gpu = self.view.by_name[name]
         gpu.ejected = ejected
+        self.usable_slots = sum(g.slots for g in self.view.gpus if g.usable)
         if ejected:
             log.warning("GPU %s ejected after consecutive failures", name)
         else:
@@ -292,6 +326,7 @@ class LocalBalancer:
     def refresh_all(self) -> None:
         """Re-derive every GPU's routability (health, ejection, slow start) and refill
         free slots from the queue. O(GPUs); runs on a timer and on health changes."""
+        self.usable_slots = sum(g.slots for g in self.view.gpus if g.usable)
         for gpu in self.view.gpus:
             if gpu.ejected:
                 self.outlier.is_ejected(gpu.name)  # un-ejects (via the callback) when time is up

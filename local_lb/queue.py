@@ -209,15 +209,27 @@ class CentralQueue:
             raise ValueError(f"weight for tenant {tenant!r} must be positive, got {weight}")
         self._weights[tenant] = weight
 
-    def offer(self, gpu_name: str, models: frozenset[str]) -> bool:
-        """Hand one free slot of ``gpu_name`` to a waiter; False if none can use it."""
+    def offer(
+        self,
+        gpu_name: str,
+        models: frozenset[str],
+        may_take: Callable[[str], bool] | None = None,
+        service_s: float = 0.0,
+    ) -> bool:
+        """Hand one free slot of ``gpu_name`` to a waiter; False if none can use it.
+
+        ``may_take(tenant)`` False passes a tenant over for this slot (reserved
+        headroom, ``local_lb.tenancy``); the next tenant in VTC order is asked.
+        An entry with less than ``service_s`` left before its deadline could not
+        finish in time: it fails with QueueTimeout instead of wasting the slot.
+        """
         now = self._clock()
         for rank in range(len(PRIORITIES)):
             if not self._live_by_class[rank]:
                 continue
             best: tuple[float, int, str, str] | None = None
             for model in models:
-                top = self._top(rank, model, now)
+                top = self._top(rank, model, now, may_take, service_s)
                 if top is not None and (best is None or top < best):
                     best = top
             if best is None:
@@ -233,6 +245,17 @@ class CentralQueue:
 
     def __len__(self) -> int:
         return self._live
+
+    def waiting_by_tenant(self) -> dict[str, int]:
+        """Live entries per tenant, all classes (tenants with none are absent)."""
+        out: dict[str, int] = {}
+        for backlog in self._backlog:
+            for tenant, n in backlog.items():
+                out[tenant] = out.get(tenant, 0) + n
+        return out
+
+    def weight(self, tenant: str) -> float:
+        return self._weights.get(tenant, 1.0)
 
     def depth_by_priority(self) -> dict[str, int]:
         return {name: self._live_by_class[rank] for rank, name in enumerate(PRIORITIES)}
@@ -324,38 +347,65 @@ class CentralQueue:
                 return counter
         return None
 
-    def _top(self, rank: int, model: str, now: float) -> tuple[float, int, str, str] | None:
-        """The (counter, head seq, model, tenant) of the tenant due next for ``model``."""
+    def _top(
+        self,
+        rank: int,
+        model: str,
+        now: float,
+        may_take: Callable[[str], bool] | None = None,
+        service_s: float = 0.0,
+    ) -> tuple[float, int, str, str] | None:
+        """The (counter, head seq, model, tenant) of the tenant due next for ``model``,
+        skipping tenants ``may_take`` refuses (they keep their place in the heap)."""
         heap = self._heaps.get((rank, model))
         if heap is None:
             return None
         counters = self._counters[rank]
+        passed_over: list[tuple[float, int, str]] = []
+        found = None
         while heap:
             counter, seq, tenant = heap[0]
-            head = self._usable_first(self._lanes[(rank, model, tenant)], now)
+            head = self._usable_first(self._lanes[(rank, model, tenant)], now, service_s)
             if head is None:
                 heapq.heappop(heap)
                 del self._lanes[(rank, model, tenant)]
             elif (counter, seq) != (counters[tenant], head.seq):
                 heapq.heapreplace(heap, (counters[tenant], head.seq, tenant))
+            elif may_take is not None and not may_take(tenant):
+                passed_over.append(heapq.heappop(heap))
             else:
-                return counter, seq, model, tenant
-        del self._heaps[(rank, model)]
-        return None
+                found = counter, seq, model, tenant
+                break
+        for item in passed_over:
+            heapq.heappush(heap, item)
+        if not heap:
+            del self._heaps[(rank, model)]
+        return found
 
-    def _can_take(self, entry: QueuedRequest, now: float) -> bool:
-        """True if ``entry`` may still get a slot; otherwise settle it (expire if overdue)."""
+    def _can_take(self, entry: QueuedRequest, now: float, service_s: float = 0.0) -> bool:
+        """True if ``entry`` may still get a slot; otherwise settle it (expire if overdue
+        or left with less than ``service_s``)."""
         if entry.future.done():  # cancelled; its done callback has not run yet
             self._settle(entry, charge=False)
         elif entry.deadline is not None and entry.deadline <= now:
             self._expire(entry)
+        elif entry.deadline is not None and entry.deadline - now < service_s:
+            entry.future.set_exception(
+                QueueTimeout(
+                    f"{entry.deadline - now:.3f}s left before the deadline, less than the "
+                    f"{service_s:.3f}s a request takes here"
+                )
+            )
+            self._settle(entry, charge=False)
         else:
             return True
         return False
 
-    def _usable_first(self, lane: _Lane, now: float) -> QueuedRequest | None:
+    def _usable_first(
+        self, lane: _Lane, now: float, service_s: float = 0.0
+    ) -> QueuedRequest | None:
         while (entry := lane.first()) is not None:
-            if self._can_take(entry, now):
+            if self._can_take(entry, now, service_s):
                 return entry
         return None
 

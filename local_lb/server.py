@@ -149,6 +149,7 @@ def build_local_tier(
         picker=picker,
         children=children,
         slow_start_config=SlowStartConfig(window_s=topology.slow_start_window_s),
+        tenant_headroom=topology.tenant_headroom,
         rng=rng,
     )
 

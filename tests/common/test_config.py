@@ -6,7 +6,12 @@ import pytest
 import yaml
 
 from common.auth import hash_key
-from common.config import ConfigError, load_topology, topology_from_mapping
+from common.config import (
+    DEFAULT_TENANT_HEADROOM,
+    ConfigError,
+    load_topology,
+    topology_from_mapping,
+)
 from common.launcher import DEMO_FLEET, generate_admin_key, generate_tenant_keys
 
 
@@ -141,6 +146,16 @@ def test_rtt_matrix_and_failback_window() -> None:
     topo = topology_from_mapping(raw)
     assert topo.rtt_ms == {"eu-west": {"us-east": 70.0, "ap-southeast": 160.5}}
     assert topo.failback_window_s == 4.0
+
+
+def test_tenant_headroom_default_and_bounds() -> None:
+    assert topology_from_mapping(demo()).tenant_headroom == DEFAULT_TENANT_HEADROOM
+    raw = demo()
+    raw["tenant_headroom"] = 0
+    assert topology_from_mapping(raw).tenant_headroom == 0.0
+    raw["tenant_headroom"] = 0.95
+    with pytest.raises(ConfigError, match=r"^tenant_headroom: must be between 0 and 0.9"):
+        topology_from_mapping(raw)
 
 
 def test_rtt_matrix_unknown_region_names_its_key() -> None:

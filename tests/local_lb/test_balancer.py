@@ -36,6 +36,7 @@ def make(
     *,
     clock: Clock | None = None,
     versions: dict[str, frozenset[str]] | None = None,
+    tenant_headroom: float = 0.0,
 ) -> LocalBalancer:
     clock = clock or Clock()
     gpus = tuple(
@@ -58,6 +59,7 @@ def make(
         picker=CompletionTimePicker(view, rng=random.Random(1)),
         children=children,
         slow_start_config=SlowStartConfig(window_s=30.0),
+        tenant_headroom=tenant_headroom,
         clock=clock,
     )
 
@@ -192,3 +194,36 @@ async def test_learns_the_service_rate_from_finished_requests() -> None:
         bal.release(lease, ok(elapsed=lease.work / 500.0))  # a GPU doing 500 work/s alone
     assert gpu.rate < before
     assert gpu.rate == pytest.approx(500.0, rel=0.1)
+
+
+async def test_reserved_headroom_keeps_slots_free_for_a_light_tenant() -> None:
+    # 8 slots, headroom 0.5: a tenant at its fair share (4 of 8) may not take the
+    # last 4 while a light tenant is active; the light one binds at once.
+    bal = make(n=2, slots=4, tenant_headroom=0.5)
+    steady = await bal.acquire(pick(tenant="steady"), (), None)
+    flood = [await bal.acquire(pick(tenant="flood"), (), None) for _ in range(4)]
+    blocked = [asyncio.create_task(bal.acquire(pick(tenant="flood"), (), 30.0)) for _ in range(3)]
+    await asyncio.sleep(0)
+    assert len(bal.queue) == 3 and bal.view.inflight_total == 5  # 3 slots stay free
+    late = await bal.acquire(pick(tenant="steady"), (), None)
+    assert late.extra["reason"] != "queue"  # bound at once
+    # A flood slot frees up: 3 free is under the reserve, so it is not handed on...
+    bal.release(flood[0], ok())
+    await asyncio.sleep(0)
+    assert bal.view.inflight_total == 5 and len(bal.queue) == 3
+    # ...but once the light tenant has left (and its window passed), the flood fills up.
+    bal.release(steady, ok())
+    bal.release(late, ok())
+    bal.clock.now += 2.0  # type: ignore[attr-defined]
+    bal.refresh_all()
+    leases = await asyncio.wait_for(asyncio.gather(*blocked), 1)
+    assert bal.view.inflight_total == 6
+    assert {lease.extra["reason"] for lease in leases} == {"reserved headroom"}
+
+
+async def test_without_headroom_a_flood_takes_every_slot() -> None:
+    bal = make(n=2, slots=4)
+    await bal.acquire(pick(tenant="steady"), (), None)
+    for _ in range(7):
+        await bal.acquire(pick(tenant="flood"), (), None)
+    assert bal.view.inflight_total == 8

@@ -383,3 +383,28 @@ async def _run_ops(ops: list[tuple[object, ...]]) -> None:
 @given(_OPS)
 def test_every_granted_slot_reaches_exactly_one_live_waiter(ops: list[tuple[object, ...]]) -> None:
     asyncio.run(_run_ops(ops))
+
+
+async def test_offer_passes_over_a_tenant_that_may_not_take_and_keeps_its_place() -> None:
+    queue, _ = make_queue()
+    flood = [put(queue, "flood") for _ in range(3)]
+    steady = put(queue, "steady")
+    assert queue.offer("g", M, may_take=lambda tenant: tenant != "flood")
+    assert steady.future.done() and steady.future.result() == "g"
+    assert not any(t.future.done() for t in flood)
+    assert not queue.offer("g", M, may_take=lambda tenant: tenant != "flood")
+    assert queue.offer("g", M)  # allowed again: flood's head is still first in line
+    assert flood[0].future.done() and not flood[1].future.done()
+    assert queue.waiting_by_tenant() == {"flood": 2}
+
+
+async def test_offer_fails_an_entry_that_could_not_finish_before_its_deadline() -> None:
+    clock = FakeClock()
+    queue, _ = make_queue(clock=clock)
+    doomed = put(queue, "a", deadline=clock.now + 0.5)
+    hopeful = put(queue, "b", deadline=clock.now + 5.0)
+    assert queue.offer("g", M, service_s=1.0)
+    assert hopeful.future.result() == "g"
+    with pytest.raises(QueueTimeout, match=r"less than the 1\.000s a request takes"):
+        await doomed.wait()
+    assert len(queue) == 0
