@@ -229,6 +229,8 @@ class CapacityPublisher:
         self.maxlen = maxlen
         self.sequence = 0
         self.latest: capacity_pb2.CapacitySummary | None = None
+        # Each model's entry of ``latest`` in trailer form, encoded once per publish.
+        self._hints: dict[str, str] = {}
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
 
@@ -246,17 +248,15 @@ class CapacityPublisher:
                 await self._task
         await self.redis.aclose()
 
-    def latest_entry(self, model: str) -> capacity_pb2.ModelCapacity | None:
-        """This publisher's newest view of ``model`` (for response hints)."""
-        for entry in self.latest.models if self.latest is not None else ():
-            if entry.model == model:
-                return entry
-        return None
+    def latest_hint(self, model: str) -> str | None:
+        """This publisher's newest view of ``model`` as a response hint (``encode_hint``)."""
+        return self._hints.get(model)
 
     async def publish_once(self) -> None:
         self.sequence += 1
         summary = self.build(self.sequence)
         self.latest = summary
+        self._hints = {entry.model: encode_hint(entry) for entry in summary.models}
         await self.redis.xadd(
             self.stream,
             {SUMMARY_FIELD: summary.SerializeToString()},

@@ -37,13 +37,12 @@ from common import telemetry as tm
 from common.admission import Admission
 from common.attempts import Attempts, Failover, passable, with_route
 from common.balancer import Balancer, Lease, Outcome
-from common.capacity import CAPACITY_HINT, encode_hint
+from common.capacity import CAPACITY_HINT
 from common.children import Child, ChildSet
 from common.config import AuthConfig, Limits
 from common.errors import RouteError
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.gen.meridian.v1.capacity_pb2 import ModelCapacity
 from common.geo import GeoPoint
 from common.pick import PickRequest
 from common.prefix import MAX_CARRIED_BLOCKS, prompt_block_hashes
@@ -101,7 +100,8 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         self.clock = clock
         self.admission = admission or Admission(AuthConfig())
         # This tier's newest view of a model, returned to the tier above as a hint.
-        self.hint_source: Callable[[str], ModelCapacity | None] = lambda model: None
+        # The tier's newest capacity for a model in trailer form (common.capacity.encode_hint).
+        self.hint_source: Callable[[str], str | None] = lambda model: None
 
     @property
     def tracer(self) -> trace.Tracer:
@@ -245,8 +245,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         await context.abort(err.code, err.message, trailing_metadata=trailers)
 
     def hint(self, model: str) -> str | None:
-        entry = self.hint_source(model)
-        return encode_hint(entry) if entry is not None else None
+        return self.hint_source(model)
 
     def hints(self, context: grpc.aio.ServicerContext) -> RouteHints:
         metadata = context.invocation_metadata()

@@ -135,7 +135,7 @@ class TierServer:
             self.ops_server.recent = self.telemetry.recent
         if self.publisher is not None:
             self.children.add_listener(self.publisher.poke)
-            self.proxy.hint_source = self.publisher.latest_entry
+            self.proxy.hint_source = self.publisher.latest_hint
         self.children.add_listener(self._readiness_changed)
 
     def _children_reloaded(self) -> None:
