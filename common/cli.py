@@ -130,7 +130,7 @@ def _run_up(args: argparse.Namespace) -> None:
             print(f"admin key {fleet.admin_key}")
         print(f"global     listening {fleet.global_address}  (KServe V2 gRPC, model demo-llm)")
         if topo.global_tier.ops is not None:
-            print(f"ops        http://{topo.global_tier.ops}/  (healthz readyz api/state metrics)")
+            print(f"dashboard  http://{topo.global_tier.ops}/  (also /metrics /readyz /api/*)")
         print("ready; Ctrl-C stops everything", flush=True)
         while not stop:
             for name, proc in fleet.processes.items():

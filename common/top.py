@@ -71,9 +71,11 @@ def _mean(points: Sequence[Mapping[str, Any]], key: str) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def _health(healthy: Any, reachable: Any, paint: Paint) -> str:
+def _health(healthy: Any, reachable: Any, paint: Paint, drained: Any = False) -> str:
     if reachable is False:
         return paint("unreachable", RED)
+    if drained and healthy:
+        return paint("drained", BLUE)
     if healthy is None:
         return paint("?", DIM)
     return paint("up", GREEN) if healthy else paint("down", RED)
@@ -149,7 +151,9 @@ def render(
     for region in fleet.get("regions", ()):
         cells = {
             "name": paint(region["name"], BOLD),
-            "state": _health(region.get("healthy"), region.get("reachable"), paint),
+            "state": _health(
+                region.get("healthy"), region.get("reachable"), paint, region.get("drained")
+            ),
             "bar": bar(region.get("utilisation"), paint),
             "flight": _num(region.get("outstanding")),
         }
@@ -158,7 +162,9 @@ def render(
             queue = zone.get("tier_queued")
             cells = {
                 "name": f"  {zone['name']}",
-                "state": _health(zone.get("healthy"), zone.get("reachable"), paint),
+                "state": _health(
+                    zone.get("healthy"), zone.get("reachable"), paint, zone.get("drained")
+                ),
                 "bar": bar(zone.get("utilisation"), paint),
                 "flight": _num(zone.get("outstanding")),
             }
