@@ -53,9 +53,12 @@ def bucket_quantile(q: float, bounds: Sequence[float], counts: Sequence[float]) 
 
 @dataclass(frozen=True)
 class SeriesPoint:
-    """One second of one tier: calls per second, failures per second, latency in ms."""
+    """One second of one tier: calls answered and failed (counts and per second, as the
+    sampler may wake a little late), latency of the successful ones in ms."""
 
-    t: float  # unix time at the end of the second
+    t: float  # unix time at the end of the interval
+    requests: int
+    errors: int
     rps: float
     errors_per_s: float
     p50_ms: float | None
@@ -115,6 +118,8 @@ class RequestSeries:
         p50, p90, p99 = (None if v is None else round(v * 1000, 2) for v in quantiles)
         point = SeriesPoint(
             t=round(now, 3),
+            requests=round(totals.requests - last.requests),
+            errors=round(totals.errors - last.errors),
             rps=round((totals.requests - last.requests) / elapsed, 2),
             errors_per_s=round((totals.errors - last.errors) / elapsed, 2),
             p50_ms=p50,

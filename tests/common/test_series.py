@@ -61,6 +61,7 @@ def test_a_point_is_the_change_over_the_last_second() -> None:
     point = series.sample()
     assert point is not None
     assert point.rps == 10 and point.errors_per_s == 2
+    assert (point.requests, point.errors) == (10, 2)
     assert point.p50_ms == pytest.approx(55.0)
     assert point.p99_ms is not None and point.p99_ms < 100
 
@@ -71,3 +72,8 @@ def test_a_point_is_the_change_over_the_last_second() -> None:
     assert [p["rps"] for p in series.json()] == [10, 0]
     assert series.json(1) == [series.json()[-1]]
     assert series.json(0) == []
+
+    clock.now += 2.0  # the sampler woke late: the rate is per second, the count exact
+    requests.labels("global", "m", "OK", "-").inc(6)
+    point = series.sample()
+    assert point is not None and (point.requests, point.rps) == (6, 3)
