@@ -18,6 +18,7 @@ recovered one comes back through slow start.
 from __future__ import annotations
 
 import logging
+import math
 import random
 import time
 from collections.abc import Callable, Collection, Iterator
@@ -82,11 +83,10 @@ class LocalBalancer:
         self.total_slots = sum(g.slots for g in self.view.gpus)
         self.usable_slots = sum(g.slots for g in self.view.gpus if g.usable)
         self.tenants = TenantHeadroom(
-            self.tenant_headroom,
-            queued=self.queue.waiting_by_tenant,
-            weight=self.queue.weight,
-            clock=self.clock,
+            self.tenant_headroom, weight=self.queue.weight, clock=self.clock
         )
+        # Typical work tokens per request here (EWMA): with service_s, the zone's capacity.
+        self.work_ewma = 0.0
         self._band = 0
         # Typical time a request takes on a GPU here (EWMA): a queued request with less
         # time than this left is failed rather than given a slot it would waste.
@@ -113,6 +113,9 @@ class LocalBalancer:
             raise RouteError.not_found(f"no GPU in this zone serves model {what}")
         ranking = self.ranked(pick)
         tenant = pick.tenant or ANONYMOUS
+        work = max(1.0, pick.work_tokens)
+        self.work_ewma = ewma(self.work_ewma, work) if self.work_ewma else work
+        self.tenants.arrived(tenant, work)
         held_back = not self._may_take(tenant)
         for gpu in () if held_back else self._candidates(pick, tried, ranking):
             if self.breaker.try_acquire(gpu.name):
@@ -161,7 +164,6 @@ class LocalBalancer:
         # Shed at once what could not finish in time anyway: a slot given to it would
         # be GPU work wasted (and a prefill stall for everyone in its batch).
         if timeout is not None and expected + service_s > timeout:
-            self.tenants.refused(pick.tenant or ANONYMOUS)
             raise RouteError.exhausted(
                 f"every GPU for {pick.model!r} is full and the expected queue wait "
                 f"({expected:.2f}s) plus service ({service_s:.2f}s) exceeds the request's "
@@ -180,13 +182,11 @@ class LocalBalancer:
             )
             name = await ticket.wait()
         except QueueTimeout:
-            self.tenants.refused(pick.tenant or ANONYMOUS)
             raise RouteError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
                 f"deadline spent waiting for a free GPU slot for {pick.model!r}",
             ) from None
         except (QueueFull, QueueRejected) as exc:
-            self.tenants.refused(pick.tenant or ANONYMOUS)
             retry = max(1, int(1000 * expected)) if expected else 1000
             raise RouteError.exhausted(f"local queue is full: {exc}", retry) from None
         return self.view.by_name[name]  # the slot was reserved for us by _hand_off
@@ -307,7 +307,12 @@ class LocalBalancer:
     def _may_take(self, tenant: str) -> bool:
         """Reserved headroom (local_lb.tenancy): may ``tenant`` take a free slot now?"""
         free = self.usable_slots - self.view.inflight_total
-        return self.tenants.may_take(tenant, free, self.usable_slots)
+        # Work tokens per second the zone finishes with every usable slot busy; unknown
+        # (nothing finished yet): infinite, so nobody counts as heavy.
+        capacity = (
+            self.usable_slots * self.work_ewma / self.service_s if self.service_s else math.inf
+        )
+        return self.tenants.may_take(tenant, free, self.usable_slots, capacity)
 
     # ------------------------------------------------------------------ state changes
 

@@ -246,14 +246,6 @@ class CentralQueue:
     def __len__(self) -> int:
         return self._live
 
-    def waiting_by_tenant(self) -> dict[str, int]:
-        """Live entries per tenant, all classes (tenants with none are absent)."""
-        out: dict[str, int] = {}
-        for backlog in self._backlog:
-            for tenant, n in backlog.items():
-                out[tenant] = out.get(tenant, 0) + n
-        return out
-
     def weight(self, tenant: str) -> float:
         return self._weights.get(tenant, 1.0)
 

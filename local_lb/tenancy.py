@@ -9,37 +9,59 @@ slots: the light tenant binds at once, as it would alone, and batches stay
 smaller. With no light tenant active there is nobody to protect, and the zone
 is work-conserving (the queue's VTC shares it).
 
-Max-min fairness decides who is which: among the active tenants, one whose
-demand (slots held + requests queued) reaches its weighted share of the usable
-slots, or that was refused a slot within ``window_s``, is heavy; the others are
-light. A tenant is active while it holds a slot or has requests queued, and for
-``window_s`` after it last released a slot or was refused one.
+Who is which follows max-min fairness on *offered* load: a tenant whose arrival
+rate (in work tokens per second, decayed over ``window_s``) reaches its weighted
+share of the zone's capacity is heavy, the others are light. Offered load, not
+slots held, so that a light tenant whose requests slow down (a stall, a busy
+GPU) does not start to look heavy and lose its protection just when it needs it.
+A tenant is active while it holds a slot and for ``window_s`` after its last
+request.
 """
 
 from __future__ import annotations
 
+import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
 @dataclass
+class _Arrivals:
+    decayed_work: float = 0.0
+    last_at: float = float("-inf")
+
+
+@dataclass
 class TenantHeadroom:
-    """Slots held per tenant, and whether a tenant may take a slot now."""
+    """Each tenant's offered load and slots held, and whether it may take a slot."""
 
     headroom: float = 0.0
-    window_s: float = 1.0
-    # Live central-queue entries per tenant (tenants with none are absent).
-    queued: Callable[[], Mapping[str, int]] = dict
+    window_s: float = 2.0
     weight: Callable[[str], float] = lambda tenant: 1.0
     clock: Callable[[], float] = time.monotonic
     held: dict[str, int] = field(default_factory=dict)
-    _released_at: dict[str, float] = field(default_factory=dict)
-    _refused_at: dict[str, float] = field(default_factory=dict)
+    _arrivals: dict[str, _Arrivals] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.headroom < 1.0:
             raise ValueError(f"headroom must be in [0, 1), got {self.headroom}")
+
+    def arrived(self, tenant: str, work: float) -> None:
+        """A request of ``tenant`` asking for ``work`` tokens came to the zone."""
+        now = self.clock()
+        a = self._arrivals.get(tenant)
+        if a is None:
+            a = self._arrivals[tenant] = _Arrivals()
+        a.decayed_work = a.decayed_work * self._decay(now - a.last_at) + work
+        a.last_at = now
+
+    def offered_rate(self, tenant: str) -> float:
+        """Work tokens per second ``tenant`` has been sending lately."""
+        a = self._arrivals.get(tenant)
+        if a is None:
+            return 0.0
+        return a.decayed_work * self._decay(self.clock() - a.last_at) / self.window_s
 
     def took(self, tenant: str) -> None:
         self.held[tenant] = self.held.get(tenant, 0) + 1
@@ -50,34 +72,35 @@ class TenantHeadroom:
             self.held[tenant] = left
         else:
             self.held.pop(tenant, None)
-            self._released_at[tenant] = self.clock()
 
-    def refused(self, tenant: str) -> None:
-        """A request of ``tenant`` was refused, or timed out, waiting for a slot."""
-        self._refused_at[tenant] = self.clock()
-
-    def may_take(self, tenant: str, free_slots: int, usable_slots: int) -> bool:
+    def may_take(
+        self, tenant: str, free_slots: int, usable_slots: int, capacity_work_per_s: float
+    ) -> bool:
         """May ``tenant`` take one of ``free_slots`` now? O(1) unless the zone is
-        into its headroom; then O(active tenants)."""
+        into its headroom; then O(tenants seen within the window)."""
         if free_slots - 1 >= self.headroom * usable_slots:
             return True
-        now = self.clock()
-        queued = self.queued()
-        active = self._active(now, queued)
+        active = self._active()
         active.add(tenant)
         if len(active) < 2:
             return True
-        fair_unit = usable_slots / sum(self.weight(t) for t in active)
+        unit = capacity_work_per_s / sum(self.weight(t) for t in active)
 
         def heavy(t: str) -> bool:
-            demand = self.held.get(t, 0) + queued.get(t, 0)
-            return t in self._refused_at or demand >= fair_unit * self.weight(t)
+            return self.offered_rate(t) >= unit * self.weight(t)
 
         return not heavy(tenant) or all(heavy(t) for t in active if t != tenant)
 
-    def _active(self, now: float, queued: Mapping[str, int]) -> set[str]:
-        """Tenants holding or waiting for slots, or recently; forgets the others."""
-        for recent in (self._released_at, self._refused_at):
-            for t in [t for t, at in recent.items() if now - at >= self.window_s]:
-                del recent[t]
-        return {*self.held, *queued, *self._released_at, *self._refused_at}
+    def _active(self) -> set[str]:
+        """Tenants holding slots or heard from within the window; forgets the rest."""
+        now = self.clock()
+        active = set(self.held)
+        for t, a in list(self._arrivals.items()):
+            if now - a.last_at < self.window_s:
+                active.add(t)
+            elif t not in self.held:
+                del self._arrivals[t]
+        return active
+
+    def _decay(self, age_s: float) -> float:
+        return math.exp(-age_s / self.window_s) if age_s > 0 else 1.0

@@ -197,27 +197,30 @@ async def test_learns_the_service_rate_from_finished_requests() -> None:
 
 
 async def test_reserved_headroom_keeps_slots_free_for_a_light_tenant() -> None:
-    # 8 slots, headroom 0.5: a tenant at its fair share (4 of 8) may not take the
-    # last 4 while a light tenant is active; the light one binds at once.
+    # 8 slots, headroom 0.5: a heavy tenant may not take the last 4 while a light
+    # tenant is active; the light one binds at once.
     bal = make(n=2, slots=4, tenant_headroom=0.5)
+    warm = await bal.acquire(pick(tenant="steady"), (), None)
+    bal.release(warm, ok(1.0))  # 1 s per request of 30 tokens: the zone does 240 tokens/s
+    bal.tenants.arrived("flood", 2000.0)  # it has been sending ~1000 tokens/s, its share is 120
     steady = await bal.acquire(pick(tenant="steady"), (), None)
-    flood = [await bal.acquire(pick(tenant="flood"), (), None) for _ in range(4)]
+    flood = [await bal.acquire(pick(tenant="flood"), (), None) for _ in range(3)]
     blocked = [asyncio.create_task(bal.acquire(pick(tenant="flood"), (), 30.0)) for _ in range(3)]
     await asyncio.sleep(0)
-    assert len(bal.queue) == 3 and bal.view.inflight_total == 5  # 3 slots stay free
+    assert len(bal.queue) == 3 and bal.view.inflight_total == 4  # 4 slots stay free
     late = await bal.acquire(pick(tenant="steady"), (), None)
     assert late.extra["reason"] != "queue"  # bound at once
-    # A flood slot frees up: 3 free is under the reserve, so it is not handed on...
+    # A flood slot frees up: 4 free, taking one would leave fewer than the reserve...
     bal.release(flood[0], ok())
     await asyncio.sleep(0)
-    assert bal.view.inflight_total == 5 and len(bal.queue) == 3
+    assert bal.view.inflight_total == 4 and len(bal.queue) == 3
     # ...but once the light tenant has left (and its window passed), the flood fills up.
     bal.release(steady, ok())
     bal.release(late, ok())
-    bal.clock.now += 2.0  # type: ignore[attr-defined]
+    bal.clock.now += 10.0  # type: ignore[attr-defined]
     bal.refresh_all()
     leases = await asyncio.wait_for(asyncio.gather(*blocked), 1)
-    assert bal.view.inflight_total == 6
+    assert bal.view.inflight_total == 5
     assert {lease.extra["reason"] for lease in leases} == {"reserved headroom"}
 
 

@@ -395,7 +395,7 @@ async def test_offer_passes_over_a_tenant_that_may_not_take_and_keeps_its_place(
     assert not queue.offer("g", M, may_take=lambda tenant: tenant != "flood")
     assert queue.offer("g", M)  # allowed again: flood's head is still first in line
     assert flood[0].future.done() and not flood[1].future.done()
-    assert queue.waiting_by_tenant() == {"flood": 2}
+    assert len(queue) == 2
 
 
 async def test_offer_fails_an_entry_that_could_not_finish_before_its_deadline() -> None:
