@@ -220,6 +220,16 @@ def main(argv: list[str] | None = None) -> None:
     from common.launcher import die_with_parent
 
     die_with_parent()
+    argv = sys.argv[1:] if argv is None else argv
+    # These parse their own arguments; argparse's REMAINDER would refuse leading options.
+    if argv[:1] == ["usage"]:
+        from common.usage_cli import usage_main
+
+        raise SystemExit(usage_main(argv[1:]))
+    if argv[:1] == ["admin"]:
+        from common.admin_cli import admin_main
+
+        raise SystemExit(admin_main(argv[1:]))
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -243,10 +253,6 @@ def main(argv: list[str] | None = None) -> None:
             from common.usage_cli import usage_main
 
             raise SystemExit(usage_main(args.rest))
-        elif args.command == "admin":
-            from common.admin_cli import admin_main
-
-            raise SystemExit(admin_main(args.rest))
     except ConfigError as exc:
         print(f"meridian: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import collections
 import math
+import subprocess
+import sys
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -145,6 +147,14 @@ def test_cli_lists_a_table_and_fails_with_the_status(
     assert admin_main(["--target", fleet.global_address, "drain", "no-such-gpu"]) == 1
     err = capsys.readouterr().err
     assert "NOT_FOUND" in err and "no-such-gpu" in err
+    # The same through the `meridian` command itself.
+    argv = [sys.executable, "-m", "common.cli", "admin", "--target", fleet.global_address]
+    listed = subprocess.run([*argv, "list"], capture_output=True, text=True, timeout=30)
+    assert listed.returncode == 0 and "eu-west-1a-gpu0" in listed.stdout
+    failed = subprocess.run(
+        [*argv, "undrain", "nowhere"], capture_output=True, text=True, timeout=30
+    )
+    assert failed.returncode == 1 and "NOT_FOUND" in failed.stderr
 
 
 def test_status_codes(admin: Admin) -> None:
@@ -208,8 +218,9 @@ def test_drain_a_zone_under_load_moves_its_traffic_to_the_other_zone(
     assert load.failures() == []
     # Half the region's GPUs are drained: the global spills part of its traffic to
     # us-east (overprovisioning 1.4 x 50 %), the rest goes to the other zone.
-    assert after and zone not in {zone_of(s.route) for s in after}
-    assert "eu-west" in {region_of(s.route) for s in after}
+    zones = collections.Counter(zone_of(s.route) for s in after)
+    assert after and zone not in zones, (zone, zones)
+    assert any(z.startswith("eu-west") for z in zones), zones
 
 
 def test_drain_a_region_under_load_fails_over_and_all_drained_is_unavailable(
@@ -223,7 +234,8 @@ def test_drain_a_region_under_load_fails_over_and_all_drained_is_unavailable(
             time.sleep(1.0)
             after = load.since(drained_at + 0.05)
         assert load.failures() == []
-        assert after and {region_of(s.route) for s in after} == {"us-east"}
+        regions = collections.Counter(region_of(s.route) for s in after)
+        assert after and set(regions) == {"us-east"}, regions
         admin.drain("us-east")
         with V2Client(fleet.global_address) as client:
             err = expect_code(grpc.StatusCode.UNAVAILABLE, client.infer, metadata=[DUBLIN])
@@ -232,7 +244,10 @@ def test_drain_a_region_under_load_fails_over_and_all_drained_is_unavailable(
         admin.undrain("us-east")
         admin.undrain("eu-west")
     with V2Client(fleet.global_address) as client:
-        assert region_of(client.infer(metadata=[DUBLIN]).route) == "eu-west"
+        # eu-west takes traffic again (a share of it may still spill while the global's
+        # summary of eu-west is the one from a moment ago).
+        routes = [region_of(client.infer(metadata=[DUBLIN]).route) for _ in range(10)]
+    assert "eu-west" in routes
 
 
 def test_set_weight_shifts_a_gpus_share(fleet: Fleet, admin: Admin) -> None:
