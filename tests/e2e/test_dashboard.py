@@ -171,6 +171,13 @@ def test_dashboard_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
         assert {r.get_attribute("data-tier") for r in rows} == {"global", "regional", "local"}
         selected = driver.find_elements("css selector", "#traces tr.trace.selected")
         assert [r.get_attribute("data-trace-id") for r in selected] == [trace_id]
+        # The row says why each hop chose (read in one script call: rows are re-rendered).
+        row_text = driver.execute_script(
+            "return document.querySelector('#traces tr.trace.selected').textContent"
+        )
+        listed = get_json(ops(fleet), "/api/fleet/traces?limit=25")["traces"]
+        hops = next(t["hops"] for t in listed if t["trace_id"] == trace_id)
+        assert all(h["reason"] and h["reason"] in row_text for h in hops), (row_text, hops)
         assert driver.find_elements("css selector", "#rate-chart polyline")
         # Live without reloading: the page keeps polling.
         polls = int(driver.find_element("tag name", "body").get_attribute("data-fleet-polls"))
