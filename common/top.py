@@ -179,7 +179,7 @@ def _gpu_row(gpu: Mapping[str, Any], paint: Paint) -> str:
     state = gpu.get("state", "unknown")
     kv = gpu.get("kv_cache_usage")
     note = gpu.get("last_error") or ""
-    if "weight" in gpu:
+    if gpu.get("weight", 1.0) != 1.0:  # set by the admin API; 1.0 is the default
         note = f"weight {gpu['weight']} {note}".strip()
     cells = {
         "name": f"    {gpu['name']}",
