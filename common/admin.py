@@ -37,6 +37,9 @@ ADMIN_SERVICE = apb.DESCRIPTOR.services_by_name["Admin"].full_name
 TIER_BELOW = {"global": "regional", "regional": "local"}
 # How long a forwarded admin call may take when the caller set no deadline.
 FORWARD_TIMEOUT_S = 10.0
+# ListTopology waits at most this long (and 80 % of the caller's time) for a child
+# tier, so one black-holed region costs its subtree, not the whole answer.
+LIST_TIMEOUT_S = 3.0
 
 
 def subtree_index(topology: Topology, tier: str, name: str) -> dict[str, tuple[str, str]]:
@@ -187,11 +190,18 @@ class AdminService(apb_grpc.AdminServicer):
         return FORWARD_TIMEOUT_S if remaining is None else max(0.1, float(remaining))
 
     async def _forward(
-        self, method: str, request: Any, child: Child, context: grpc.aio.ServicerContext
+        self,
+        method: str,
+        request: Any,
+        child: Child,
+        context: grpc.aio.ServicerContext,
+        timeout: float | None = None,
     ) -> Any:
         """Call ``method`` on the tier below ``child``; its error becomes ours."""
         try:
-            return await getattr(self._stub(child), method)(request, timeout=self._timeout(context))
+            return await getattr(self._stub(child), method)(
+                request, timeout=timeout or self._timeout(context)
+            )
         except grpc.aio.AioRpcError as exc:
             raise RouteError(exc.code(), exc.details() or exc.code().name) from None
 
@@ -221,8 +231,9 @@ class AdminService(apb_grpc.AdminServicer):
         self, child: Child, context: grpc.aio.ServicerContext
     ) -> apb.ListTopologyResponse:
         try:
+            timeout = min(LIST_TIMEOUT_S, 0.8 * self._timeout(context))
             reply: apb.ListTopologyResponse = await self._forward(
-                "ListTopology", apb.ListTopologyRequest(), child, context
+                "ListTopology", apb.ListTopologyRequest(), child, context, timeout
             )
         except RouteError as err:
             raise RuntimeError(f"{err.code.name}: {err.message}") from None

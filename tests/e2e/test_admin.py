@@ -276,3 +276,15 @@ def test_set_weight_shifts_a_gpus_share(fleet: Fleet, admin: Admin) -> None:
         admin.undrain(other)
     share = {name: c[slow] / max(1, c[slow] + c[fast]) for name, c in (("b", before), ("a", after))}
     assert share["a"] > share["b"] + 0.2, (before, after)
+
+
+def test_list_still_answers_when_a_region_is_down(fleet: Fleet, admin: Admin) -> None:
+    fleet.kill("regional-us-east")
+    try:
+        started = time.monotonic()
+        nodes = {n.name: n for n in admin.list()}
+        assert time.monotonic() - started < 5
+        assert nodes["us-east"].error and not nodes["us-east"].children
+        assert not nodes["eu-west"].error and len(nodes["eu-west"].children) == 2
+    finally:
+        fleet.restart("regional-us-east")
