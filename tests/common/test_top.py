@@ -41,8 +41,14 @@ FLEET: dict[str, Any] = {
                             "running": 12,
                             "waiting": 2,
                             "kv_cache_usage": 0.5,
+                            "weight": 2.0,
                         },
-                        {"name": "eu-1a-gpu1", "hardware": "A100", "slots": 16, "state": "unknown"},
+                        {
+                            "name": "eu-1a-gpu1",
+                            "hardware": "A100",
+                            "state": "unknown",
+                            "weight": 1.0,
+                        },
                     ],
                 },
                 {"name": "eu-1b", "reachable": False, "error": "ClientConnectorError", "gpus": []},
@@ -75,6 +81,8 @@ def test_a_frame_lists_every_region_zone_and_gpu() -> None:
     assert rows["eu-1a-gpu0"][:3] == ["eu-1a-gpu0", "H100", "ok"]
     assert "12/16" in rows["eu-1a-gpu0"] and "50%" in rows["eu-1a-gpu0"]
     assert rows["eu-1a-gpu1"][:3] == ["eu-1a-gpu1", "A100", "unknown"]
+    assert rows["eu-1a-gpu0"][-2:] == ["weight", "2.0"]
+    assert "weight" not in rows["eu-1a-gpu1"]  # the default weight is not worth a note
     assert rows["eu-1b"][1] == "unreachable" and "ClientConnectorError" in rows["eu-1b"]
     assert "tier queue 3" in text
     assert "requests/s 7.0" in text and "p99 50 ms" in text and "GPUs 1/2 serving" in text
