@@ -8,6 +8,8 @@ it when it ends, whatever happened.
 from __future__ import annotations
 
 import copy
+import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -177,3 +179,38 @@ def test_reload_under_load_adds_and_removes_gpus_and_loses_nothing(
     finally:
         fleet.config_path.write_text(original)
         admin.close()
+
+
+def test_meridian_up_prints_an_admin_key_that_works(tmp_path: Path) -> None:
+    spec = small_fleet_spec(regions=1, zones=1, gpus=1)
+    spec["auth"] = {
+        "enabled": True,
+        "admin_key": "generate",
+        "tenants": [{"id": "acme", "api_key": "generate"}],
+    }
+    config = tmp_path / "fleet.yaml"
+    write_topology(config, spec)
+    argv = [sys.executable, "-m", "common.cli", "up", "--config", str(config)]
+    up = subprocess.Popen(
+        [*argv, "--run-dir", str(tmp_path / "run")], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert up.stdout is not None
+        lines: list[str] = []
+        deadline = time.monotonic() + 60
+        while not lines or not lines[-1].startswith("ready"):
+            line = up.stdout.readline()
+            assert line and time.monotonic() < deadline, "".join(lines)
+            lines.append(line)
+        found = {k: v for k, v in (ln.split(" ", 1) for ln in lines) if k in ("admin", "global")}
+        key = found["admin"].split()[-1]
+        address = found["global"].split()[1]
+        assert found["admin"].startswith("key mk_")
+        client = Admin(address, key)
+        try:
+            assert [n.name for n in client.list()] == [REGION]
+        finally:
+            client.close()
+    finally:
+        up.send_signal(signal.SIGTERM)
+        up.wait(30)
