@@ -234,6 +234,13 @@ class FleetView:
         self.max_age_s = max_age_s
         self._session: aiohttp.ClientSession | None = None
         self._shared: dict[str, tuple[float, asyncio.Task[dict[str, Any]]]] = {}
+        # Read once: a missing page fails the tier's start, not a viewer later.
+        self._html = DASHBOARD_HTML.read_bytes()
+
+    def follow(self, topology: Topology) -> None:
+        """Show what a reloaded topology names (the Admin API's ReloadTopology)."""
+        self.topology = topology
+        self.targets = ops_targets(topology)
 
     def install(self, app: web.Application) -> None:
         app.router.add_get("/", self._page)
@@ -313,7 +320,7 @@ class FleetView:
 
     async def _page(self, request: web.Request) -> web.Response:
         return web.Response(
-            body=DASHBOARD_HTML.read_bytes(),
+            body=self._html,
             content_type="text/html",
             charset="utf-8",
             headers={"Cache-Control": "no-cache"},

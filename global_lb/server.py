@@ -81,6 +81,8 @@ def build_global_tier(
         reader.follow({region_stream(r.name): r.name for r in new.regions})
         picker.rtt_ms = new.rtt_ms
         locations.update({r.name: r.location for r in new.regions})
+        if fleet_view is not None:  # the dashboard shows the fleet the new file names
+            fleet_view.follow(new)
 
     admin = upper_tier_admin(
         "global",
@@ -109,5 +111,5 @@ def build_global_tier(
         admin=admin,
     )
     # The global's ops HTTP also answers for the whole fleet and serves the dashboard.
-    install_fleet_view(topology, tier.ops_server)
+    fleet_view = install_fleet_view(topology, tier.ops_server)
     return tier

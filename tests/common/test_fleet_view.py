@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from common.children import ChildSet
 from common.config import Endpoint, topology_from_mapping
-from common.fleet_view import Fetched, merge_fleet, ops_targets, reachable_address
+from common.fleet_view import Fetched, FleetView, merge_fleet, ops_targets, reachable_address
+from common.ops import OpsServer, TierMetrics
 from tests.conftest import small_fleet_spec
 
 TOPOLOGY = topology_from_mapping(small_fleet_spec(regions=2, zones=1, gpus=2))
@@ -120,3 +122,17 @@ def test_targets_are_every_inner_tier_with_ops_reached_over_loopback() -> None:
     assert reachable_address(Endpoint("0.0.0.0", 9000)) == "127.0.0.1:9000"
     assert reachable_address(Endpoint("::", 9000)) == "[::1]:9000"
     assert reachable_address(Endpoint("10.0.0.5", 9000)) == "10.0.0.5:9000"
+
+
+def test_a_reloaded_topology_is_followed() -> None:
+    ops = OpsServer(
+        Endpoint("127.0.0.1", 0),
+        "global",
+        TierMetrics("global", ChildSet((), probe_interval_s=1, summary_ttl_s=1)),
+    )
+    view = FleetView(TOPOLOGY, ops)
+    assert len(view.targets) == 4
+    one_region = topology_from_mapping(small_fleet_spec(regions=1, zones=1, gpus=1))
+    view.follow(one_region)
+    assert [t.label for t in view.targets] == [f"regional {US.name}", f"local {US_ZONE.name}"]
+    assert view.topology is one_region
