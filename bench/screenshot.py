@@ -1,6 +1,6 @@
 """Regenerate docs/dashboard.png: the demo fleet under load, in headless Chromium.
 
-    python -m bench.screenshot [--out docs/dashboard.png] [--warmup 30]
+    python -m bench.screenshot [--out docs/dashboard.png] [--warmup 45]
 
 Starts the whole demo fleet (3 regions x 2 zones x 4 GPUs, real time scale),
 sends closed-loop load from New York, Dublin and Singapore so the regions are
@@ -28,7 +28,7 @@ CLIENTS = (("40.71,-74.01", 56), ("53.35,-6.26", 28), ("1.35,103.82", 10))
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=str(ROOT / "docs" / "dashboard.png"))
-    parser.add_argument("--warmup", type=float, default=30.0, help="seconds of load first")
+    parser.add_argument("--warmup", type=float, default=45.0, help="seconds of load first")
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
     try:
