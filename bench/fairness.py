@@ -577,14 +577,14 @@ def decode_ms(batch: float, tokens: int, time_scale: float) -> float:
     return 1000 * tokens * (DECODE_STEP_BASE_S + DECODE_STEP_PER_SEQ_S * batch) * time_scale
 
 
-def decomposition(rig: Rig) -> list[tuple[str, float | None, float | None]]:
+def decomposition(rig: Rig, index: int) -> list[tuple[str, float | None, float | None]]:
     """Steady's contended latency as alone + the GPU's slowdown + queue wait + the rest.
 
     The GPU's part follows ``sim.engine``'s cost model: each decode step takes longer
     with a larger batch, and a step that admits requests also prefills their prompts,
     stalling every sequence in the batch (no chunked prefill), so a request's decode
     time stretches by 1 / (1 - share of GPU time spent prefilling)."""
-    alone, contended = rig.phases[0], rig.phases[1]
+    alone, contended = rig.phases[0], rig.phases[index]
     tokens, scale = rig.args.max_tokens, rig.args.time_scale
     decode_a = decode_ms(alone.mean_gpu_batch, tokens, scale)
     decode_c = decode_ms(contended.mean_gpu_batch, tokens, scale)
@@ -691,11 +691,12 @@ def markdown(rig: Rig, info: dict[str, Any], target: float) -> str:
         "cost model (`sim.engine`) at the measured mean batch and prefill share; the queue "
         "row is measured; percentiles of parts do not add exactly, and *the rest* is what "
         "is left (GPU FIFO behind slots still held by cancelled requests, gRPC, event loop):",
-        "",
-        "| | P50 ms | P99 ms |",
-        "|---|---:|---:|",
     ]
-    lines += [f"| {name} | {_ms(p50)} | {_ms(p99)} |" for name, p50, p99 in decomposition(rig)]
+    for index in (1, 2):
+        lines += ["", f"*{phases[index].name}*:", "", "| | P50 ms | P99 ms |", "|---|---:|---:|"]
+        lines += [
+            f"| {name} | {_ms(p50)} | {_ms(p99)} |" for name, p50, p99 in decomposition(rig, index)
+        ]
     lines += ["", "Diagnosis and what would fix it: `bench/README.md` (fairness)."]
     return "\n".join(lines) + "\n"
 
@@ -777,9 +778,13 @@ def main(argv: list[str] | None = None) -> None:
         "p99_ratio_contended_vs_alone": ratio(rig.phases[1], alone),
         "p99_ratio_vtc_only_vs_alone": ratio(rig.phases[2], alone),
         "p99_ratio_no_fairness_vs_alone": ratio(rig.phases[3], alone),
-        "decomposition_ms": [
-            {"part": name, "p50": p50, "p99": p99} for name, p50, p99 in decomposition(rig)
-        ],
+        "decomposition_ms": {
+            rig.phases[index].name: [
+                {"part": name, "p50": p50, "p99": p99}
+                for name, p50, p99 in decomposition(rig, index)
+            ]
+            for index in (1, 2)
+        },
         "target": args.target,
     }
     (RESULTS / "fairness.json").write_text(json.dumps(payload, indent=2) + "\n")
