@@ -46,8 +46,9 @@ from common.config import Endpoint
 from common.metrics import CONTENT_TYPE, CallbackCounter, CallbackGauge, CounterChild, Registry
 from common.resilience import RetryBudget, RetryBudgetConfig
 from common.routing import TENANT
-from common.series import RequestSeries, SeriesSampler
+from common.series import RequestSeries
 from common.telemetry import RecentSpans
+from common.ticker import Ticker
 
 INFER_METHODS = frozenset({"ModelInfer", "ModelStreamInfer"})
 UNKNOWN_LABEL = "-"
@@ -301,7 +302,7 @@ class OpsServer:
         # The tier's recent finished spans (None when traces are exported instead).
         self.recent: RecentSpans | None = None
         self.series = RequestSeries(metrics.requests, metrics.duration)
-        self._sampler = SeriesSampler(self.series)
+        self._sampler = Ticker(self.series.sample, 1.0)
         # What a tier adds: routes (each called with the app), per-child and tier-wide state.
         self.extensions: list[Callable[[web.Application], None]] = []
         self.child_details: ChildDetails | None = None
@@ -338,6 +339,7 @@ class OpsServer:
             sock.close()
             raise
         self._runner = runner
+        self.series.sample()  # the baseline the first point is measured from
         await self._sampler.start()
 
     async def stop(self) -> None:

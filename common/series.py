@@ -14,8 +14,6 @@ the dashboard and ``meridian top`` draw it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 import time
 from collections import deque
@@ -134,31 +132,3 @@ class RequestSeries:
         if seconds is not None:
             points = points[-seconds:] if seconds > 0 else []
         return [asdict(p) for p in points]
-
-
-class SeriesSampler:
-    """Calls ``series.sample()`` every ``interval_s`` from ``start()`` to ``stop()``."""
-
-    def __init__(self, series: RequestSeries, interval_s: float = 1.0) -> None:
-        self.series = series
-        self.interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self.series.sample()  # the baseline the first point is measured from
-        self._task = asyncio.create_task(self._run(), name="series-sampler")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                self.series.sample()
-            except Exception:
-                log.exception("request series sample failed")

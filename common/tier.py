@@ -8,11 +8,9 @@ child channels.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -44,32 +42,6 @@ class Service(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
-
-
-class Ticker:
-    """Calls ``tick()`` every ``interval_s`` until stopped; a failing tick is logged."""
-
-    def __init__(self, tick: Callable[[], None], interval_s: float) -> None:
-        self.tick = tick
-        self.interval_s = interval_s
-        self._task: asyncio.Task[None] | None = None
-
-    async def start(self) -> None:
-        self._task = asyncio.create_task(self._run(), name="ticker")
-
-    async def stop(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.interval_s)
-            try:
-                self.tick()
-            except Exception:
-                log.exception("periodic refresh failed")
 
 
 # How long a stopping tier keeps accepting after it said NOT_SERVING.

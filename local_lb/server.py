@@ -19,7 +19,8 @@ from common.proxy import TierSpec
 from common.resilience import SlowStartConfig
 from common.routing import RouteHints
 from common.telemetry import setup_tracing
-from common.tier import Ticker, TierServer, source_id
+from common.ticker import Ticker
+from common.tier import TierServer, source_id
 from common.tls import tier_server_credentials
 from local_lb.admin import LocalAdmin, local_admin
 from local_lb.balancer import LocalBalancer
