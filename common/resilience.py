@@ -201,7 +201,8 @@ class CircuitBreaker:
     Algorithm: a counter per key; ``try_acquire`` refuses at the cap, ``release`` gives a slot
     back. Failure mode: a caller that forgets ``release`` leaks a slot until the child is
     refused for good, and a double release is a bug, caught by an assertion. Caches one counter
-    per key with requests in flight; a counter that reaches zero is dropped.
+    per key with requests in flight; a counter that reaches zero is dropped, and ``forget`` drops
+    a removed child.
     """
 
     def __init__(self, config: CircuitBreakerConfig | None = None) -> None:
@@ -225,6 +226,10 @@ class CircuitBreaker:
 
     def pending(self, key: str) -> int:
         return self._pending.get(key, 0)
+
+    def forget(self, key: str) -> None:
+        """Drop a child that left the set (its counter, if a release is still owed)."""
+        self._pending.pop(key, None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,12 +6,16 @@ finish and its health keeps being checked; the zone's summary counts it as
 having no capacity. A weight scales the GPU's learned rate in the default
 picker's cost. On reload a new GPU starts as down and joins once the monitor
 finds it serving (then ramps up through slow start); a removed one is
-drained, and forgotten once its requests have ended; slots, hardware and
-models of a kept GPU are taken over.
+drained, and once its requests have ended it is forgotten everywhere (monitor,
+outlier detector, circuit breaker, slow start, load reports, prefix index).
+A kept GPU takes over changed models, speed, ``max_concurrency``, hardware,
+versions and metrics endpoint (the monitor checks the new models and scrapes
+the new endpoint); an address change is not applied (``common.reload``).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import time
 from collections.abc import Callable
@@ -28,7 +32,7 @@ from local_lb.policies import make_picker
 from local_lb.state import GpuChild, LocalView
 
 
-@dataclass
+@dataclass(kw_only=True)
 class LocalAdmin:
     """TierHooks of one local tier."""
 
@@ -89,18 +93,33 @@ class LocalAdmin:
             on_added=lambda gpu: self.monitor.add(MonitoredGpu.from_config(configs[gpu.name])),
             on_gone=self._gone,
         )
+        changed = bool(report.added or report.changed)
         for gpu in self._gpus():
             cfg = configs.get(gpu.name)
-            if cfg is not None and cfg.name not in report.added:
-                changes = self._take_settings(gpu, cfg)
+            if (
+                cfg is not None
+                and cfg.name not in report.added
+                and not self.children.leaving(gpu.name)
+            ):
+                changes = await self._take_settings(gpu, cfg)
                 if changes:
+                    changed = True
                     report.changed.append(f"{gpu.name}: {', '.join(changes)}")
-        self._reindex(self._gpus())
+        if changed:  # a no-op reload leaves pools and picker alone
+            self._reindex(self._gpus(), new_set=bool(report.added))
         return report
 
-    def _take_settings(self, gpu: GpuChild, cfg: GpuConfig) -> list[str]:
-        """The GPU-only settings of a kept GPU (models and speed: reload_children)."""
-        changes = []
+    async def _take_settings(self, gpu: GpuChild, cfg: GpuConfig) -> list[str]:
+        """The GPU-only settings of a kept GPU (models and speed: reload_children), and
+        what its monitor checks: the GPU's models at its current address (an address
+        change is not applied), and the new metrics endpoint."""
+        watched = MonitoredGpu.from_config(cfg)
+        watched = dataclasses.replace(watched, address=gpu.endpoint.address, models=gpu.models)
+        before = self.monitor.watched(gpu.name)
+        changes: list[str] = []
+        if before is not None and before.metrics_url != watched.metrics_url:
+            changes.append(f"metrics {before.metrics_url} -> {watched.metrics_url}")
+        await self.monitor.update(watched)
         if gpu.slots != cfg.max_concurrency:
             changes.append(f"max_concurrency {gpu.slots} -> {cfg.max_concurrency}")
             gpu.slots = cfg.max_concurrency
@@ -116,18 +135,26 @@ class LocalAdmin:
         return [g for g in self.children if isinstance(g, GpuChild)]
 
     async def _gone(self, child: Child) -> None:
-        """A removed GPU finished its last request: stop watching it, drop it."""
+        """A removed GPU finished its last request: stop watching it (no health
+        callback follows), then forget it everywhere at once, so no timer (an
+        ejection running out) and no later lookup names a GPU the view lost."""
         await self.monitor.remove(child.name)
+        self.balancer.outlier.forget(child.name)
+        self.balancer.breaker.forget(child.name)
+        self.balancer.slow_start.forget(child.name)
+        self.view.load.forget(child.name)
         self.view.prefix.forget(child.name)
-        self._reindex([g for g in self._gpus() if g is not child])
+        self._reindex([g for g in self._gpus() if g is not child], new_set=True)
 
-    def _reindex(self, gpus: list[GpuChild]) -> None:
-        """Re-derive what depends on the set of GPUs: pools, picker (its session
-        ring), slot totals and the ejection cap."""
+    def _reindex(self, gpus: list[GpuChild], *, new_set: bool) -> None:
+        """Re-derive what depends on the GPUs: pools, slot totals, the ejection cap,
+        and (``new_set``: GPUs came or went) the picker, whose session ring is
+        built over the set."""
         self.view.set_gpus(gpus)
         self.balancer.total_slots = sum(g.slots for g in gpus)
         self.balancer.outlier.set_total(len(gpus))
-        self.balancer.picker = make_picker(self.policy, self.view, self.rng)
+        if new_set:
+            self.balancer.picker = make_picker(self.policy, self.view, self.rng)
         self.balancer.refresh_all()
 
 

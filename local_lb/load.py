@@ -158,6 +158,10 @@ class LoadBook:
             return None
         return sample
 
+    def forget(self, name: str) -> None:
+        """Drop a GPU that left the zone."""
+        self._samples.pop(name, None)
+
     def conservative_waiting(
         self, name: str, now: float, max_age_s: float, fallback: float
     ) -> float:
@@ -266,6 +270,11 @@ class BackendMonitor:
         self._session: aiohttp.ClientSession | None = None
         self._stack: contextlib.AsyncExitStack | None = None
 
+    def watched(self, name: str) -> MonitoredGpu | None:
+        """What the monitor checks of GPU ``name`` (None: not monitored)."""
+        backend = self._backends.get(name)
+        return None if backend is None else backend.gpu
+
     def ready_models(self, name: str) -> frozenset[str]:
         """Models that answered ModelReady at ``name``'s last check (empty if unhealthy)."""
         backend = self._backends.get(name)
@@ -316,6 +325,23 @@ class BackendMonitor:
             await channel.close()
         self._backends.pop(name, None)
         self.gpus = tuple(g for g in self.gpus if g.name != name)
+
+    async def update(self, gpu: MonitoredGpu) -> None:
+        """A kept GPU whose settings a reloaded topology changed: the next poll checks
+        the new models and scrapes the new metrics URL; a new address re-opens its
+        channel (and restarts its poll)."""
+        backend = self._backends.get(gpu.name)
+        if backend is None:
+            raise ValueError(f"GPU {gpu.name!r} is not monitored")
+        if backend.gpu == gpu:
+            return
+        if backend.gpu.address != gpu.address:
+            await self.remove(gpu.name)
+            self.add(gpu)
+            return
+        backend.gpu = gpu
+        backend.metrics_ok = None
+        self.gpus = tuple(gpu if g.name == gpu.name else g for g in self.gpus)
 
     async def stop(self) -> None:
         """Cancel the polls, then close the channels and the HTTP session."""

@@ -78,7 +78,7 @@ def zone_summary(
             entry.utilisation = busy.get(model, 0) / entry.total_slots
             entry.kv_cache_usage /= entry.total_slots
         drain_rps = sum(
-            g.slots / (g.latency_ewma_s or 1.0) for g in view.by_model.get(model, ()) if g.healthy
+            g.slots / (g.latency_ewma_s or 1.0) for g in view.by_model.get(model, ()) if g.usable
         )
         if entry.queued_requests and drain_rps:
             entry.estimated_wait_s = entry.queued_requests / drain_rps
@@ -194,7 +194,17 @@ def build_local_tier(
         failover_codes=frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}),
     )
     ejections = EjectionCounter(balancer.outlier.ejected_keys)
-    hooks = LocalAdmin(region, zone, children, view, balancer, monitor, policy, rng, gpu_child)
+    hooks = LocalAdmin(
+        region=region,
+        zone=zone,
+        children=children,
+        view=view,
+        balancer=balancer,
+        monitor=monitor,
+        policy=policy,
+        rng=rng,
+        make_gpu=gpu_child,
+    )
     tier = TierServer(
         spec,
         children,

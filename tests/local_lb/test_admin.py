@@ -1,14 +1,28 @@
-"""The local tier's admin hooks: drained GPUs leave the pools, weights scale the cost."""
+"""The local tier's admin hooks: drained GPUs leave the pools, weights scale the cost,
+reload adds, forgets and updates GPUs."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
 import random
+from typing import Any
 
+import grpc
+
+from common.balancer import Outcome
 from common.children import ChildSet
-from common.config import Endpoint
+from common.config import Endpoint, topology_from_mapping
 from common.pick import PickRequest
+from local_lb.admin import LocalAdmin
+from local_lb.balancer import LocalBalancer
+from local_lb.load import LoadSample, MonitoredGpu
 from local_lb.picker import CompletionTimePicker
+from local_lb.policies import make_picker
+from local_lb.server import gpu_child
 from local_lb.state import GpuChild, LocalView
+from sim.topology import one_zone_mapping
+from tests.local_lb.test_balancer import Clock, pick
 
 M = "m"
 
@@ -58,3 +72,123 @@ def test_set_gpus_reindexes_pools_for_added_and_removed_gpus() -> None:
         "g9"
     ]
     assert view.serving("n") == (extra,)
+
+
+class FakeMonitor:
+    """The part of BackendMonitor the admin hooks use; records what they asked."""
+
+    def __init__(self, gpus: list[MonitoredGpu]) -> None:
+        self.gpus = {g.name: g for g in gpus}
+        self.removed: list[str] = []
+        self.updated: list[MonitoredGpu] = []
+
+    def add(self, gpu: MonitoredGpu) -> None:
+        self.gpus[gpu.name] = gpu
+
+    async def remove(self, name: str) -> None:
+        self.removed.append(name)
+        self.gpus.pop(name)
+
+    def watched(self, name: str) -> MonitoredGpu | None:
+        return self.gpus.get(name)
+
+    async def update(self, gpu: MonitoredGpu) -> None:
+        if self.gpus[gpu.name] != gpu:
+            self.updated.append(gpu)
+        self.gpus[gpu.name] = gpu
+
+
+def zone_mapping(gpus: int = 3) -> dict[str, Any]:
+    return one_zone_mapping("redis://127.0.0.1:1/0", gpus=gpus, model=M, max_concurrency=2)
+
+
+def local_tier(
+    mapping: dict[str, Any], clock: Clock
+) -> tuple[LocalAdmin, LocalBalancer, FakeMonitor]:
+    topology = topology_from_mapping(mapping)
+    configs = topology.zone("r", "r-1a").gpus
+    children_ = tuple(gpu_child(g) for g in configs)
+    view = LocalView(children_)
+    children = ChildSet(
+        children_, probe_interval_s=1, summary_ttl_s=3, kind="GPU", probe=False, clock=clock
+    )
+    rng = random.Random(1)
+    balancer = LocalBalancer(
+        view=view,
+        picker=make_picker("default", view, rng),
+        children=children,
+        clock=clock,
+        rng=rng,
+    )
+    monitor = FakeMonitor([MonitoredGpu.from_config(g) for g in configs])
+    hooks = LocalAdmin(
+        region="r",
+        zone="r-1a",
+        children=children,
+        view=view,
+        balancer=balancer,
+        monitor=monitor,  # type: ignore[arg-type]
+        policy="default",
+        rng=rng,
+        make_gpu=gpu_child,
+    )
+    return hooks, balancer, monitor
+
+
+async def wait_gone(children: ChildSet, name: str) -> None:
+    for _ in range(100):
+        if name not in children.by_name:
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError(f"{name} was not retired")
+
+
+async def test_a_removed_ejected_gpu_is_forgotten_and_a_later_ejection_works() -> None:
+    clock = Clock()
+    mapping = zone_mapping(3)
+    hooks, bal, monitor = local_tier(mapping, clock)
+    for _ in range(5):
+        bal.outlier.record_failure("g2")
+    assert bal.view.by_name["g2"].ejected and bal.outlier.ejected_keys() == {"g2"}
+    bal.view.load.update("g2", LoadSample(1, 0, None, clock(), "metrics"))
+    bal.slow_start.start("g2")
+    fewer = copy.deepcopy(mapping)
+    fewer["regions"][0]["zones"][0]["gpus"].pop()
+    report = await hooks.reload(topology_from_mapping(fewer))
+    assert list(report.removed) == ["g2"]
+    await wait_gone(bal.children, "g2")
+    assert monitor.removed == ["g2"] and "g2" not in bal.view.by_name
+    assert bal.outlier.ejected_keys() == frozenset()
+    assert bal.view.load.get("g2", clock(), 60) is None and bal.slow_start.factor("g2") == 1.0
+    clock.now += 3600  # g2's ejection would have run out by now
+    for _ in range(5):  # and another GPU fails its way to an ejection
+        lease = await bal.acquire(pick(), ("g0",), None)
+        assert lease.child.name == "g1"
+        bal.release(lease, Outcome(grpc.StatusCode.INTERNAL, 0.1))
+    assert bal.outlier.ejected_keys() == {"g1"} and bal.view.by_name["g1"].ejected
+    assert bal.view.inflight_total == 0 and bal.breaker.pending("g1") == 0
+    assert bal.view.by_name["g1"].outstanding_requests == 0
+    await bal.children.stop()
+
+
+async def test_a_kept_gpu_takes_new_models_and_metrics_and_the_monitor_follows() -> None:
+    clock = Clock()
+    mapping = zone_mapping(2)
+    hooks, bal, monitor = local_tier(mapping, clock)
+    picker = bal.picker
+    report = await hooks.reload(topology_from_mapping(mapping))  # nothing changed
+    assert not (report.added or report.removed or report.changed)
+    assert bal.picker is picker and monitor.updated == []
+    changed = copy.deepcopy(mapping)
+    g0 = changed["regions"][0]["zones"][0]["gpus"][0]
+    g0["models"] = [M, "n"]
+    g0["metrics_listen"] = "127.0.0.1:9"
+    report = await hooks.reload(topology_from_mapping(changed))
+    assert "g0: metrics http://" in "; ".join(report.changed)
+    [watched] = monitor.updated
+    assert watched.models == {M, "n"} and watched.metrics_url == "http://127.0.0.1:9/metrics"
+    address = mapping["regions"][0]["zones"][0]["gpus"][0]["listen"]
+    assert watched.address == address
+    assert [g.name for g in bal.view.free["n"]] == ["g0"]
+    assert bal.picker is picker  # same GPUs: the session ring stays
+    await bal.children.stop()
