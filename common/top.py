@@ -13,6 +13,7 @@ and tests). Colours only on a terminal, and never with ``--no-color`` or
 from __future__ import annotations
 
 import argparse
+import http.client
 import json
 import os
 import sys
@@ -24,9 +25,22 @@ from typing import Any
 
 SPARKS = "▁▂▃▄▅▆▇█"
 BAR_WIDTH = 10
+NOTE_WIDTH = 60
 RESET, BOLD, DIM = "\x1b[0m", "\x1b[1m", "\x1b[2m"
 GREEN, YELLOW, RED, MAGENTA, BLUE = "\x1b[32m", "\x1b[33m", "\x1b[31m", "\x1b[35m", "\x1b[34m"
 STATE_COLOUR = {"ok": GREEN, "down": RED, "ejected": MAGENTA, "drained": BLUE, "unknown": DIM}
+# C0 and C1 control characters and DEL: what a GPU worker or a stray reply could use to
+# move the cursor, recolour or clear the operator's terminal.
+_CONTROLS = dict.fromkeys([*range(0x20), *range(0x7F, 0xA0)])
+
+
+def clean(text: object) -> str:
+    """``text`` as printable characters only: control characters dropped.
+
+    Errors and names that other processes report (a GPU's ``last_error``, an
+    unreachable tier's reason, a reply that is not HTTP) are printed as they
+    are only after this."""
+    return str(text).translate(_CONTROLS)
 
 
 class Paint:
@@ -108,13 +122,15 @@ def visible(text: str) -> str:
 
 
 def row(cells: Mapping[str, str], note: str = "") -> str:
-    """One table line; cells are padded by their visible width, not their length."""
+    """One table line; cells are padded by their visible width, not their length.
+
+    ``note`` is reported text: it is cleaned of control characters and cut to 60."""
     parts = []
     for key, width, align in COLUMNS:
         text = cells.get(key, "")
         gap = " " * max(0, width - len(visible(text)))
         parts.append(text + gap if align == "<" else gap + text)
-    return (" ".join(parts) + "  " + note).rstrip()
+    return (" ".join(parts) + "  " + clean(note)[:NOTE_WIDTH]).rstrip()
 
 
 def render(
@@ -129,7 +145,7 @@ def render(
     now = time.strftime("%H:%M:%S")
     lines = [paint(f"Meridian top — {source}   {now}", BOLD)]
     if error:
-        lines.append(paint(f"no answer: {error}", RED))
+        lines.append(paint(f"no answer: {clean(error)}", RED))
     if fleet is None:
         return "\n".join(lines) + "\n"
     points = list((series or {}).get("points") or [])
@@ -183,7 +199,7 @@ def _gpu_row(gpu: Mapping[str, Any], paint: Paint) -> str:
         note = f"weight {gpu['weight']} {note}".strip()
     cells = {
         "name": f"    {gpu['name']}",
-        "hw": str(gpu.get("hardware", "")),
+        "hw": clean(gpu.get("hardware", "")),
         "state": paint(state, STATE_COLOUR.get(state, "")),
         "bar": bar(gpu.get("utilisation"), paint),
         "flight": f"{gpu['outstanding']}/{gpu['slots']}" if "outstanding" in gpu else "–",
@@ -191,23 +207,30 @@ def _gpu_row(gpu: Mapping[str, Any], paint: Paint) -> str:
         "wait": _num(gpu.get("waiting")),
         "kv": "–" if kv is None else f"{round(kv * 100)}%",
     }
-    return row(cells, note[:60])
+    return row(cells, note)
 
 
 def fetch(base: str, path: str, timeout_s: float) -> dict[str, Any]:
+    """The JSON object at ``base + path``; ValueError when the answer is not one."""
     with urllib.request.urlopen(f"{base}{path}", timeout=timeout_s) as reply:
-        body: dict[str, Any] = json.loads(reply.read())
-        return body
+        body = json.loads(reply.read())
+    if not isinstance(body, dict):
+        raise ValueError(f"{path} answered {type(body).__name__}, not an object")
+    return body
 
 
 def frame(base: str, paint: Paint, timeout_s: float = 2.0) -> tuple[str, bool]:
-    """One frame from the global at ``base``; and whether it answered."""
+    """One frame from the global at ``base``; and whether it answered.
+
+    Whatever is at ``base`` (nothing, a gRPC port, a server that hangs up halfway)
+    makes a "no answer" frame, never a traceback."""
     try:
         fleet = fetch(base, "/api/fleet", timeout_s)
         series = fetch(base, "/api/series?seconds=60", timeout_s)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", None) or exc
-        return render(None, None, source=base, paint=paint, error=str(reason)), False
+        text = f"{type(exc).__name__}: {reason}" if str(reason) else type(exc).__name__
+        return render(None, None, source=base, paint=paint, error=text), False
     return render(fleet, series, source=base, paint=paint), True
 
 

@@ -1,10 +1,18 @@
-"""`meridian top` frames from canned /api/fleet and /api/series answers."""
+"""`meridian top` frames from canned /api/fleet and /api/series answers, and from
+addresses that answer something else."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import socket
+import threading
+from collections.abc import Iterator
 from typing import Any
 
-from common.top import Paint, bar, render, sparkline, visible
+import pytest
+
+from common.top import Paint, bar, clean, frame, render, sparkline, visible
 
 FLEET: dict[str, Any] = {
     "totals": {
@@ -107,3 +115,70 @@ def test_bar_and_sparkline() -> None:
     assert bar(None, Paint(False)).strip() == ""
     assert sparkline([0, 1, 2]) == "▁▄█"
     assert sparkline([]) == ""
+
+
+def test_reported_text_is_printed_without_control_characters() -> None:
+    fleet = copy.deepcopy(FLEET)
+    zone = fleet["regions"][0]["zones"][0]
+    zone["gpus"][1]["last_error"] = "oom\x1b[2J\x1b]0;owned\x07\r\nkilled\x7f\x9b31m"
+    fleet["regions"][0]["zones"][1]["error"] = "refused\x1b[31m"
+    text = render(fleet, SERIES, source="http://x", paint=Paint(False))
+    assert not any(ch in text for ch in "\x1b\x07\r\x7f\x9b")
+    rows = lines_of(text)
+    assert rows["eu-1a-gpu1"][-1] == "oom[2J]0;ownedkilled31m"
+    assert rows["eu-1b"][-1] == "refused[31m"
+
+
+def test_clean_keeps_printable_text() -> None:
+    assert clean("a\tb\x00c — ü") == "abc — ü"
+
+
+@pytest.fixture
+def answer() -> Iterator[tuple[str, list[bytes]]]:
+    """A loopback TCP server that answers one connection with the bytes the test puts
+    in the list, then hangs up: ``(base URL, that list)``."""
+    reply: list[bytes] = []
+    server = socket.create_server(("127.0.0.1", 0))
+    server.settimeout(10)
+
+    def serve_one() -> None:
+        with server, contextlib.suppress(OSError):
+            conn, _ = server.accept()
+            with conn:
+                conn.recv(65536)
+                conn.sendall(b"".join(reply))
+
+    thread = threading.Thread(target=serve_one, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.getsockname()[1]}", reply
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+
+
+# What a gRPC port sends first: an HTTP/2 SETTINGS frame, binary, no status line.
+HTTP2_SETTINGS = b"\x00\x00\x06\x04\x00\x00\x00\x00\x00\x00\x03\x00\x00\x00\x64"
+
+
+@pytest.mark.parametrize(
+    ("reply", "why"),
+    [
+        pytest.param(HTTP2_SETTINGS, "BadStatusLine", id="grpc-port"),
+        pytest.param(b"garbage\x1b[2J\r\n\r\n", "BadStatusLine", id="not-http"),
+        pytest.param(
+            b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{", "IncompleteRead", id="cut-off"
+        ),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 4\r\n\r\n[1]\n", "ValueError", id="list"),
+        pytest.param(b"HTTP/1.1 200 OK\r\nContent-Length: 3\r\n\r\n{x}", "JSONDecode", id="json"),
+        pytest.param(b"", "RemoteDisconnected", id="hang-up"),
+    ],
+)
+def test_an_address_that_is_not_the_ops_http_is_no_answer(
+    answer: tuple[str, list[bytes]], reply: bytes, why: str
+) -> None:
+    base, replies = answer
+    replies.append(reply)
+    text, answered = frame(base, Paint(False), timeout_s=5)
+    assert not answered
+    (line,) = [line for line in text.splitlines() if line.startswith("no answer: ")]
+    assert why in line
+    assert all(ch.isprintable() for ch in text.replace("\n", "")), text
