@@ -31,13 +31,16 @@ bench: $(STAMP)
 	$(PY) -m bench.pick_time
 
 # Debian's headless Chromium and its WebDriver, for the dashboard test (apt, as root or sudo).
+# `env` passes DEBIAN_FRONTEND through sudo (which drops the caller's environment); apt
+# retries a flaky mirror, gives up on a stalled one, and waits for another apt to finish.
 SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+APT := $(SUDO) env DEBIAN_FRONTEND=noninteractive apt-get -q \
+	-o Acquire::Retries=3 -o Acquire::http::Timeout=30 -o DPkg::Lock::Timeout=120
 browser:
 	@if [ -x /usr/bin/chromium ] && [ -x /usr/bin/chromedriver ]; then \
 		echo "chromium and chromedriver are installed"; \
 	else \
-		$(SUDO) apt-get update -q && DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install \
-			-y -q --no-install-recommends chromium chromium-driver; \
+		$(APT) update && $(APT) install -y --no-install-recommends chromium chromium-driver; \
 	fi
 
 clean:
