@@ -46,7 +46,7 @@ from local_lb.cost import (
     rate_sample,
     request_work,
 )
-from local_lb.queue import CentralQueue, QueueFull, QueueRejected, QueueTimeout
+from local_lb.queue import CentralQueue, QueueFull, QueueRejected, QueueTimeout, QueueUnserved
 from local_lb.state import GpuChild, LocalView
 from local_lb.tenancy import TenantHeadroom
 
@@ -72,7 +72,9 @@ class LocalBalancer:
     rng: random.Random = field(default_factory=random.Random)
 
     def __post_init__(self) -> None:
-        self.queue = CentralQueue(release=self._granted_slot_abandoned, clock=self.clock)
+        self.queue = CentralQueue(
+            release=self._granted_slot_abandoned, clock=self.clock, may_take=self._may_take
+        )
         self.outlier = OutlierDetector(
             self.outlier_config,
             clock=self.clock,
@@ -81,15 +83,14 @@ class LocalBalancer:
         )
         self.slow_start = SlowStart(self.slow_start_config, clock=self.clock)
         self.total_slots = sum(g.slots for g in self.view.gpus)
-        self.usable_slots = sum(g.slots for g in self.view.gpus if g.usable)
+        self._recount()
         self.tenants = TenantHeadroom(
             self.tenant_headroom, weight=self.queue.weight, clock=self.clock
         )
         # Typical work tokens per request here (EWMA): with service_s, the zone's capacity.
         self.work_ewma = 0.0
         self._band = 0
-        # Typical time a request takes on a GPU here (EWMA): a queued request with less
-        # time than this left is failed rather than given a slot it would waste.
+        # Typical time a request takes on a GPU here (EWMA of OK requests).
         self.service_s = 0.0
         # Called when the zone's utilisation crosses a band (its summary goes out at once).
         self.on_significant_change: Callable[[], None] = lambda: None
@@ -116,7 +117,7 @@ class LocalBalancer:
         work = max(1.0, pick.work_tokens)
         self.work_ewma = ewma(self.work_ewma, work) if self.work_ewma else work
         self.tenants.arrived(tenant, work)
-        held_back = not self._may_take(tenant)
+        held_back = self.free_usable_slots > 0 and not self._may_take(tenant)
         for gpu in () if held_back else self._candidates(pick, tried, ranking):
             if self.breaker.try_acquire(gpu.name):
                 self._reserve(gpu)
@@ -159,7 +160,8 @@ class LocalBalancer:
         self, pick: PickRequest, serving: tuple[GpuChild, ...], timeout: float | None
     ) -> GpuChild:
         """Late binding: wait for the first slot any serving GPU frees."""
-        drain_rps, service_s = self._drain(serving)
+        drain_rps = self._drain_rps(serving)
+        service_s = self.expected_service_s(max(1.0, pick.work_tokens))
         expected = self.queue.expected_wait_s(pick.priority, pick.model, drain_rps, pick.tenant)
         # Shed at once what could not finish in time anyway: a slot given to it would
         # be GPU work wasted (and a prefill stall for everyone in its batch).
@@ -170,8 +172,10 @@ class LocalBalancer:
                 f"remaining deadline ({timeout:.2f}s)",
                 retry_after_ms=max(1, int(expected * 1000)),
             )
-        # A request without a deadline still waits a bounded time.
-        deadline = self.clock() + (self.max_queue_wait_s if timeout is None else timeout)
+        # A request without a deadline still waits a bounded time; one with a deadline
+        # is not granted a slot once it could no longer finish in time.
+        now = self.clock()
+        deadline = now + (self.max_queue_wait_s if timeout is None else timeout)
         try:
             ticket = self.queue.enqueue(
                 model=pick.model,
@@ -179,13 +183,16 @@ class LocalBalancer:
                 priority=pick.priority,
                 cost_tokens=max(1.0, pick.work_tokens),
                 deadline=deadline,
+                start_by=None if timeout is None else deadline - service_s,
             )
             name = await ticket.wait()
-        except QueueTimeout:
+        except QueueTimeout as exc:
             raise RouteError(
                 grpc.StatusCode.DEADLINE_EXCEEDED,
-                f"deadline spent waiting for a free GPU slot for {pick.model!r}",
+                f"waiting for a free GPU slot for {pick.model!r}: {exc}",
             ) from None
+        except QueueUnserved as exc:
+            raise RouteError.unavailable(str(exc)) from None
         except (QueueFull, QueueRejected) as exc:
             retry = max(1, int(1000 * expected)) if expected else 1000
             raise RouteError.exhausted(f"local queue is full: {exc}", retry) from None
@@ -228,17 +235,17 @@ class LocalBalancer:
         )
         return lease
 
-    def _drain(self, serving: tuple[GpuChild, ...]) -> tuple[float, float]:
-        """Requests per second the serving GPUs finish (slots over latency), and the
-        typical time one request takes (0 until a latency has been learned)."""
-        rate, latency, known = 0.0, 0.0, 0
-        for gpu in serving:
-            if gpu.usable:
-                rate += gpu.slots / (gpu.latency_ewma_s or 1.0)
-                if gpu.latency_ewma_s:
-                    latency += gpu.latency_ewma_s
-                    known += 1
-        return max(rate, 1e-3), latency / known if known else 0.0
+    def _drain_rps(self, serving: tuple[GpuChild, ...]) -> float:
+        """Requests per second the serving GPUs finish (slots over latency)."""
+        rate = sum(g.slots / (g.latency_ewma_s or 1.0) for g in serving if g.usable)
+        return max(rate, 1e-3)
+
+    def expected_service_s(self, work: float) -> float:
+        """How long a request of ``work`` tokens typically takes on a GPU here: the
+        zone's typical service time scaled by its size (0 until one has finished)."""
+        if not self.service_s or not self.work_ewma:
+            return 0.0
+        return self.service_s * work / self.work_ewma
 
     # ------------------------------------------------------------------ completion side
 
@@ -249,6 +256,13 @@ class LocalBalancer:
         self.tenants.gave_back(lease.extra["tenant"])
         if lease.extra.get("breaker"):
             self.breaker.release(gpu.name)
+        try:
+            self._learn(gpu, lease, outcome)
+        finally:  # whatever learning does, the slot comes back
+            self._unreserve(gpu)
+            self._hand_off(gpu)
+
+    def _learn(self, gpu: GpuChild, lease: Lease, outcome: Outcome) -> None:
         now = self.clock()
         self.view.load.record_trailer(gpu.name, outcome.trailers, now)
         if outcome.code == grpc.StatusCode.OK:
@@ -268,12 +282,12 @@ class LocalBalancer:
             self.outlier.record_failure(gpu.name)
             if outcome.code == grpc.StatusCode.UNAVAILABLE:
                 self.children.mark_failed(gpu, f"UNAVAILABLE: {outcome.detail}")
-        self._unreserve(gpu)
-        self._hand_off(gpu)
 
     def _granted_slot_abandoned(self, name: str) -> None:
         """A waiter was cancelled after the queue granted it a slot: free the slot."""
-        gpu = self.view.by_name[name]
+        gpu = self.view.by_name.get(name)
+        if gpu is None:  # removed by a reload meanwhile; its accounting went with it
+            return
         self._unreserve(gpu)
         self._hand_off(gpu)
 
@@ -282,12 +296,16 @@ class LocalBalancer:
     def _reserve(self, gpu: GpuChild) -> None:
         gpu.outstanding_requests += 1
         self.view.inflight_total += 1
+        if gpu.usable:
+            self._usable_inflight += 1
         self.view.refresh(gpu)
         self._check_band()
 
     def _unreserve(self, gpu: GpuChild) -> None:
         gpu.outstanding_requests -= 1
         self.view.inflight_total -= 1
+        if gpu.usable:
+            self._usable_inflight -= 1
         self.view.refresh(gpu)
         self._check_band()
 
@@ -300,28 +318,41 @@ class LocalBalancer:
     def _hand_off(self, gpu: GpuChild) -> None:
         """Give the GPU's free slots to queued requests, best first."""
         while len(self.queue) and gpu.usable and gpu.free_slots > 0:
-            if not self.queue.offer(gpu.name, gpu.models, self._may_take, self.service_s):
+            if not self.queue.offer(gpu.name, gpu.models):
                 return
             self._reserve(gpu)
 
+    @property
+    def free_usable_slots(self) -> int:
+        """Free slots on GPUs that may take requests (down, ejected, drained ones not)."""
+        return self.usable_slots - self._usable_inflight
+
+    def _recount(self) -> None:
+        """Re-derive the usable slot totals; after any change of a GPU's usability."""
+        usable = [g for g in self.view.gpus if g.usable]
+        self.usable_slots = sum(g.slots for g in usable)
+        self._usable_inflight = sum(g.outstanding_requests for g in usable)
+
     def _may_take(self, tenant: str) -> bool:
         """Reserved headroom (local_lb.tenancy): may ``tenant`` take a free slot now?"""
-        free = self.usable_slots - self.view.inflight_total
         # Work tokens per second the zone finishes with every usable slot busy; unknown
         # (nothing finished yet): infinite, so nobody counts as heavy.
         capacity = (
             self.usable_slots * self.work_ewma / self.service_s if self.service_s else math.inf
         )
-        return self.tenants.may_take(tenant, free, self.usable_slots, capacity)
+        return self.tenants.may_take(tenant, self.free_usable_slots, self.usable_slots, capacity)
 
     # ------------------------------------------------------------------ state changes
 
     def _ejection_changed(self, name: str, ejected: bool) -> None:
-        gpu = self.view.by_name[name]
+        gpu = self.view.by_name.get(name)
+        if gpu is None:  # removed by a reload
+            return
         gpu.ejected = ejected
-        self.usable_slots = sum(g.slots for g in self.view.gpus if g.usable)
+        self._recount()
         if ejected:
             log.warning("GPU %s ejected after consecutive failures", name)
+            self._fail_unservable()
         else:
             self.slow_start.start(name)
             gpu.share = self.slow_start.factor(name)
@@ -331,7 +362,7 @@ class LocalBalancer:
     def refresh_all(self) -> None:
         """Re-derive every GPU's routability (health, ejection, slow start) and refill
         free slots from the queue. O(GPUs); runs on a timer and on health changes."""
-        self.usable_slots = sum(g.slots for g in self.view.gpus if g.usable)
+        self._recount()
         for gpu in self.view.gpus:
             if gpu.ejected:
                 self.outlier.is_ejected(gpu.name)  # un-ejects (via the callback) when time is up
@@ -341,3 +372,14 @@ class LocalBalancer:
             gpu.share = self.slow_start.factor(gpu.name)
             self.view.refresh(gpu)
             self._hand_off(gpu)
+        self._fail_unservable()
+
+    def _fail_unservable(self) -> None:
+        """Queued requests for a model no usable GPU serves any more (down, ejected,
+        drained) fail now with UNAVAILABLE, so the tier above can fail them over,
+        instead of waiting out their deadline."""
+        for model in self.queue.waiting_models() if len(self.queue) else ():
+            serving = self.view.serving(model)
+            if not any(g.usable for g in serving):
+                reason = self.children.nothing_healthy(model, ())
+                self.queue.fail_model(model, reason)

@@ -37,6 +37,10 @@ class QueueRejected(QueueError):
     """The request was shed to admit one of higher priority."""
 
 
+class QueueUnserved(QueueError):
+    """No usable GPU serves the request's model any more (all down, ejected or drained)."""
+
+
 class QueueFull(QueueError):
     """The queue is at ``max_entries`` and holds nothing of lower priority to shed."""
 
@@ -56,6 +60,8 @@ class QueuedRequest:
     deadline: float | None
     enqueued_at: float
     future: asyncio.Future[str] = field(repr=False)
+    # Past this it could no longer finish before its client's deadline: never granted.
+    start_by: float | None = None
     seq: int = field(default=0, repr=False)
     settled: bool = field(default=False, init=False, repr=False)
     _queue: CentralQueue | None = field(default=None, init=False, repr=False)
@@ -122,19 +128,24 @@ class CentralQueue:
     none is, to the counter of the last tenant to leave — so idling banks no
     credit. Counters are per priority class: classes are served strictly, so a
     counter only ever competes within its class, and a tenant's critical traffic
-    does not cost it its share of standard capacity.
+    does not cost it its share of standard capacity. A tenant the ``may_take``
+    callback refuses (reserved headroom, ``local_lb.tenancy``) is passed over
+    for this slot and keeps its place; the next in VTC order is asked.
 
     Admission. Beyond ``max_entries`` live entries, ``enqueue`` sheds the
     newest entry of the lowest class strictly below the newcomer (sheddable
     first) with QueueRejected("shed for higher priority"); if there is none it
     raises QueueFull. An entry past its deadline never gets a slot: a loop
     timer (``call_at``, cancelled on settle) fails it with QueueTimeout, and
-    ``offer`` also expires overdue entries it meets.
+    ``offer`` also expires overdue entries it meets, and fails with QueueTimeout
+    those past their ``start_by`` (a slot given now would be GPU work wasted).
+    ``fail_model`` fails every entry of a model nothing can serve any more.
 
     Cost. Entries sit in per-(class, model, tenant) FIFO lanes; each
     (class, model) has a heap of tenants keyed by (counter, head seq). Keys
     only grow, so a heap key may be stale-low and is re-keyed when it reaches
-    the top: ``offer`` is O(|models| log tenants) amortised, never a scan.
+    the top: ``offer`` is O(|models| log tenants) amortised, plus O(log
+    tenants) for each tenant ``may_take`` passes over.
 
     Caches: live counts per class and per (class, model), kept exact on every
     settle, so ``len``, ``depth_by_priority`` and ``expected_wait_s`` are O(1);
@@ -152,12 +163,14 @@ class CentralQueue:
         release: Callable[[str], None],
         max_entries: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
+        may_take: Callable[[str], bool] | None = None,
     ) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, got {max_entries}")
         self.max_entries = max_entries
         self._release = release
         self._clock = clock
+        self._may_take = may_take
         self._seq = itertools.count()
         classes = range(len(PRIORITIES))
         self._live = 0
@@ -181,8 +194,12 @@ class CentralQueue:
         priority: str,
         cost_tokens: float,
         deadline: float | None = None,
+        start_by: float | None = None,
     ) -> QueuedRequest:
-        """Admit a request and return its ticket; raises QueueFull (see class doc)."""
+        """Admit a request and return its ticket; raises QueueFull (see class doc).
+
+        ``deadline`` bounds the wait; ``start_by`` (optional, earlier) is when the
+        request could no longer finish in time once it got a slot."""
         rank = _RANK.get(priority)
         if rank is None:
             raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
@@ -191,7 +208,14 @@ class CentralQueue:
         loop = asyncio.get_running_loop()
         now = self._clock()
         entry = QueuedRequest(
-            model, tenant, priority, float(cost_tokens), deadline, now, loop.create_future()
+            model,
+            tenant,
+            priority,
+            float(cost_tokens),
+            deadline,
+            now,
+            loop.create_future(),
+            start_by,
         )
         entry.seq = next(self._seq)
         if deadline is not None and deadline <= now:
@@ -213,23 +237,15 @@ class CentralQueue:
         self,
         gpu_name: str,
         models: frozenset[str],
-        may_take: Callable[[str], bool] | None = None,
-        service_s: float = 0.0,
     ) -> bool:
-        """Hand one free slot of ``gpu_name`` to a waiter; False if none can use it.
-
-        ``may_take(tenant)`` False passes a tenant over for this slot (reserved
-        headroom, ``local_lb.tenancy``); the next tenant in VTC order is asked.
-        An entry with less than ``service_s`` left before its deadline could not
-        finish in time: it fails with QueueTimeout instead of wasting the slot.
-        """
+        """Hand one free slot of ``gpu_name`` to a waiter; False if none can use it."""
         now = self._clock()
         for rank in range(len(PRIORITIES)):
             if not self._live_by_class[rank]:
                 continue
             best: tuple[float, int, str, str] | None = None
             for model in models:
-                top = self._top(rank, model, now, may_take, service_s)
+                top = self._top(rank, model, now)
                 if top is not None and (best is None or top < best):
                     best = top
             if best is None:
@@ -245,6 +261,27 @@ class CentralQueue:
 
     def __len__(self) -> int:
         return self._live
+
+    def waiting_models(self) -> set[str]:
+        """Models with live entries, any class."""
+        return {model for _, model in self._live_by_model}
+
+    def fail_model(self, model: str, reason: str) -> int:
+        """Fail every live entry waiting for ``model`` with QueueUnserved(reason): nothing
+        here can serve it any more, so its waiters should go elsewhere now rather than
+        at their deadline. Returns how many failed. O(entries of that model)."""
+        failed = 0
+        for (_, lane_model, _), lane in list(self._lanes.items()):
+            if lane_model != model:
+                continue
+            for entry in list(lane.entries):
+                if entry.settled:
+                    continue
+                if not entry.future.done():
+                    entry.future.set_exception(QueueUnserved(reason))
+                    failed += 1
+                self._settle(entry, charge=False)
+        return failed
 
     def weight(self, tenant: str) -> float:
         return self._weights.get(tenant, 1.0)
@@ -344,11 +381,10 @@ class CentralQueue:
         rank: int,
         model: str,
         now: float,
-        may_take: Callable[[str], bool] | None = None,
-        service_s: float = 0.0,
     ) -> tuple[float, int, str, str] | None:
         """The (counter, head seq, model, tenant) of the tenant due next for ``model``,
         skipping tenants ``may_take`` refuses (they keep their place in the heap)."""
+        may_take = self._may_take
         heap = self._heaps.get((rank, model))
         if heap is None:
             return None
@@ -357,7 +393,7 @@ class CentralQueue:
         found = None
         while heap:
             counter, seq, tenant = heap[0]
-            head = self._usable_first(self._lanes[(rank, model, tenant)], now, service_s)
+            head = self._usable_first(self._lanes[(rank, model, tenant)], now)
             if head is None:
                 heapq.heappop(heap)
                 del self._lanes[(rank, model, tenant)]
@@ -374,30 +410,25 @@ class CentralQueue:
             del self._heaps[(rank, model)]
         return found
 
-    def _can_take(self, entry: QueuedRequest, now: float, service_s: float = 0.0) -> bool:
+    def _can_take(self, entry: QueuedRequest, now: float) -> bool:
         """True if ``entry`` may still get a slot; otherwise settle it (expire if overdue
-        or left with less than ``service_s``)."""
+        or too late to finish in time)."""
         if entry.future.done():  # cancelled; its done callback has not run yet
             self._settle(entry, charge=False)
         elif entry.deadline is not None and entry.deadline <= now:
             self._expire(entry)
-        elif entry.deadline is not None and entry.deadline - now < service_s:
+        elif entry.start_by is not None and entry.start_by <= now:
             entry.future.set_exception(
-                QueueTimeout(
-                    f"{entry.deadline - now:.3f}s left before the deadline, less than the "
-                    f"{service_s:.3f}s a request takes here"
-                )
+                QueueTimeout("too late to start: it could no longer finish before its deadline")
             )
             self._settle(entry, charge=False)
         else:
             return True
         return False
 
-    def _usable_first(
-        self, lane: _Lane, now: float, service_s: float = 0.0
-    ) -> QueuedRequest | None:
+    def _usable_first(self, lane: _Lane, now: float) -> QueuedRequest | None:
         while (entry := lane.first()) is not None:
-            if self._can_take(entry, now, service_s):
+            if self._can_take(entry, now):
                 return entry
         return None
 

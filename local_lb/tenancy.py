@@ -15,7 +15,10 @@ share of the zone's capacity is heavy, the others are light. Offered load, not
 slots held, so that a light tenant whose requests slow down (a stall, a busy
 GPU) does not start to look heavy and lose its protection just when it needs it.
 A tenant is active while it holds a slot and for ``window_s`` after its last
-request.
+request. The classification is kept for ``reclassify_s`` (50 ms), so deciding
+costs O(1) per request, not O(tenants). A heavy tenant may always take one slot
+of an idle zone, however small. Requests held back get a freed slot at the next
+release in the zone or the tier's refresh tick (``health_interval_s`` / 2).
 """
 
 from __future__ import annotations
@@ -38,10 +41,14 @@ class TenantHeadroom:
 
     headroom: float = 0.0
     window_s: float = 2.0
+    reclassify_s: float = 0.05
     weight: Callable[[str], float] = lambda tenant: 1.0
     clock: Callable[[], float] = time.monotonic
     held: dict[str, int] = field(default_factory=dict)
     _arrivals: dict[str, _Arrivals] = field(default_factory=dict)
+    _light: set[str] = field(default_factory=set)
+    _heavy: set[str] = field(default_factory=set)
+    _classified_at: float = float("-inf")
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.headroom < 1.0:
@@ -76,20 +83,28 @@ class TenantHeadroom:
     def may_take(
         self, tenant: str, free_slots: int, usable_slots: int, capacity_work_per_s: float
     ) -> bool:
-        """May ``tenant`` take one of ``free_slots`` now? O(1) unless the zone is
-        into its headroom; then O(tenants seen within the window)."""
-        if free_slots - 1 >= self.headroom * usable_slots:
+        """May ``tenant`` take one of ``free_slots`` now? O(1) amortised."""
+        reserve = min(self.headroom * usable_slots, usable_slots - 1)
+        if self.headroom == 0 or free_slots - 1 >= reserve:
             return True
+        now = self.clock()
+        if now - self._classified_at >= self.reclassify_s or (
+            tenant not in self._light and tenant not in self._heavy
+        ):
+            self._classify(tenant, capacity_work_per_s, now)
+        # Kept out only if heavy while some other tenant is light.
+        return tenant in self._light or not self._light
+
+    def _classify(self, tenant: str, capacity_work_per_s: float, now: float) -> None:
+        """Max-min on offered load: who among the active tenants is light, who heavy."""
         active = self._active()
         active.add(tenant)
-        if len(active) < 2:
-            return True
         unit = capacity_work_per_s / sum(self.weight(t) for t in active)
-
-        def heavy(t: str) -> bool:
-            return self.offered_rate(t) >= unit * self.weight(t)
-
-        return not heavy(tenant) or all(heavy(t) for t in active if t != tenant)
+        self._light, self._heavy = set(), set()
+        for t in active:
+            heavy = self.offered_rate(t) >= unit * self.weight(t)
+            (self._heavy if heavy else self._light).add(t)
+        self._classified_at = now
 
     def _active(self) -> set[str]:
         """Tenants holding slots or heard from within the window; forgets the rest."""

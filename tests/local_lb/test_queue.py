@@ -386,25 +386,57 @@ def test_every_granted_slot_reaches_exactly_one_live_waiter(ops: list[tuple[obje
 
 
 async def test_offer_passes_over_a_tenant_that_may_not_take_and_keeps_its_place() -> None:
-    queue, _ = make_queue()
+    kept_out = {"flood"}
+    queue = CentralQueue(release=lambda name: None, may_take=lambda t: t not in kept_out)
     flood = [put(queue, "flood") for _ in range(3)]
     steady = put(queue, "steady")
-    assert queue.offer("g", M, may_take=lambda tenant: tenant != "flood")
+    assert queue.offer("g", M)
     assert steady.future.done() and steady.future.result() == "g"
     assert not any(t.future.done() for t in flood)
-    assert not queue.offer("g", M, may_take=lambda tenant: tenant != "flood")
+    assert not queue.offer("g", M)
+    kept_out.clear()
     assert queue.offer("g", M)  # allowed again: flood's head is still first in line
     assert flood[0].future.done() and not flood[1].future.done()
     assert len(queue) == 2
 
 
-async def test_offer_fails_an_entry_that_could_not_finish_before_its_deadline() -> None:
+async def test_an_abandoned_grant_is_re_offered_only_to_a_tenant_that_may_take_it() -> None:
+    released: list[str] = []
+    queue = CentralQueue(release=released.append, may_take=lambda t: t != "flood")
+    first = asyncio.create_task(waiter(put(queue, "steady")))
+    put(queue, "flood")
+    await asyncio.sleep(0)
+    assert queue.offer("g", M)
+    first.cancel()  # cancelled before it resumes: the grant goes back
+    await asyncio.gather(first, return_exceptions=True)
+    assert released == ["g"]  # not to flood, which is kept out
+
+
+async def test_offer_fails_an_entry_too_late_to_finish_before_its_deadline() -> None:
     clock = FakeClock()
     queue, _ = make_queue(clock=clock)
-    doomed = put(queue, "a", deadline=clock.now + 0.5)
-    hopeful = put(queue, "b", deadline=clock.now + 5.0)
-    assert queue.offer("g", M, service_s=1.0)
+    doomed = queue.enqueue(
+        model="m",
+        tenant="a",
+        priority="standard",
+        cost_tokens=10,
+        deadline=clock.now + 5.0,
+        start_by=clock.now + 0.5,
+    )
+    hopeful = queue.enqueue(
+        model="m",
+        tenant="b",
+        priority="standard",
+        cost_tokens=10,
+        deadline=clock.now + 5.0,
+        start_by=clock.now + 4.0,
+    )
+    no_deadline = put(queue, "c")  # no start_by: only its wait bound applies
+    clock.now += 1.0
+    assert queue.offer("g", M)
     assert hopeful.future.result() == "g"
-    with pytest.raises(QueueTimeout, match=r"less than the 1\.000s a request takes"):
+    with pytest.raises(QueueTimeout, match="too late to start"):
         await doomed.wait()
+    assert queue.offer("g", M)
+    assert no_deadline.future.result() == "g"
     assert len(queue) == 0

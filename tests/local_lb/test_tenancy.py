@@ -98,6 +98,7 @@ def test_protection_ends_a_window_after_the_light_tenant_went_quiet() -> None:
     clock.now += 1.0
     assert shares.may_take("flood", 4, 16, CAPACITY)
     hold(shares, "steady", 1)  # but a tenant holding a slot is active however quiet
+    clock.now += 2 * shares.reclassify_s
     assert not shares.may_take("flood", 4, 16, CAPACITY)
 
 
@@ -120,3 +121,29 @@ def test_headroom_must_be_a_fraction() -> None:
         TenantHeadroom(1.0)
     with pytest.raises(ValueError, match="headroom must be in"):
         TenantHeadroom(-0.1)
+
+
+def test_no_headroom_lets_everyone_in() -> None:
+    shares, clock = make(0.0)
+    send(shares, clock, 3.0, flood=5000.0, steady=100.0)
+    assert shares.may_take("flood", 1, 16, CAPACITY)
+
+
+def test_a_heavy_tenant_gets_a_slot_of_an_idle_small_zone() -> None:
+    # 2 slots, headroom 0.6: the reserve is capped at all but one slot.
+    shares, clock = make(0.6)
+    send(shares, clock, 3.0, flood=5000.0, steady=100.0)
+    assert shares.may_take("flood", 2, 2, CAPACITY)
+    assert not shares.may_take("flood", 1, 2, CAPACITY)
+    assert shares.may_take("steady", 1, 2, CAPACITY)
+
+
+def test_classification_is_reused_for_a_while() -> None:
+    shares, clock = make(0.5)
+    send(shares, clock, 3.0, flood=5000.0, steady=100.0)
+    assert not shares.may_take("flood", 4, 16, CAPACITY)
+    send(shares, clock, 0.03, steady=0.0)  # 30 ms later: the same answer without a rescan
+    shares._arrivals.clear()  # would make everyone inactive, were it looked at
+    assert not shares.may_take("flood", 4, 16, CAPACITY)
+    clock.now += 2 * shares.reclassify_s
+    assert shares.may_take("flood", 4, 16, CAPACITY)
