@@ -5,9 +5,11 @@ one of its own children and forwards any other to the child whose subtree
 holds the target (the topology says which; names are unique in it), over
 the channel it already has to that child. Operators therefore call only the
 global endpoint; inner tiers accept only the tier above (mutual TLS), and
-the global checks an admin key (``auth.admin_keys``) when authentication is
-on. ``ListTopology`` fans out the same way and merges; ``ReloadTopology``
-reloads this tier, then forwards to every child, so the whole tree reloads.
+the global wants an admin key whenever ``auth.admin_keys`` holds any
+(``AdminGuard``). ``ListTopology`` fans out the same way and merges;
+``ReloadTopology`` reloads this tier, then forwards to every child, so the
+whole tree reloads. ``upper_tier_admin`` wires it for the global and
+regional tiers (``local_lb.admin`` for the local tier).
 
 What a tier does to its own children is in its ``TierHooks``: how it
 describes a child, whether weights apply (GPUs only) and how it reloads.
@@ -18,6 +20,7 @@ with nothing drained and every weight 1.
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -25,20 +28,25 @@ from typing import Any
 
 import grpc
 
-from common.auth import AUTHORIZATION, hash_key
+from common.auth import bearer_key, hash_key
 from common.children import Child, ChildSet
 from common.config import AuthConfig, ConfigError, Topology
 from common.errors import RouteError
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
+from common.reload import reload_children, unapplied_settings
+
+log = logging.getLogger(__name__)
 
 ADMIN_SERVICE = apb.DESCRIPTOR.services_by_name["Admin"].full_name
 # The tier below each tier, for naming a child tier in reports.
 TIER_BELOW = {"global": "regional", "regional": "local"}
 # How long a forwarded admin call may take when the caller set no deadline.
 FORWARD_TIMEOUT_S = 10.0
-# ListTopology waits at most this long (and 80 % of the caller's time) for a child
-# tier, so one black-holed region costs its subtree, not the whole answer.
+# A call forwarded to a child tier gets this share of the caller's remaining time,
+# so a slow child shows as an error entry in the answer instead of running the
+# whole call into DEADLINE_EXCEEDED; ListTopology waits at most LIST_TIMEOUT_S too.
+BELOW_SHARE = 0.8
 LIST_TIMEOUT_S = 3.0
 
 
@@ -62,27 +70,34 @@ def subtree_index(topology: Topology, tier: str, name: str) -> dict[str, tuple[s
 
 
 class AdminGuard:
-    """Who may call the Admin API at the edge: holders of an admin key, when auth is on."""
+    """Who may call the Admin API at the edge.
+
+    With admin keys configured (``auth.admin_keys``) a caller must present one,
+    whatever ``auth.enabled`` says. Without any, the API is open to every client
+    when authentication is off (a trusted private deployment) and closed to
+    everyone when it is on. A reload takes the new file's admin keys only:
+    ``auth.enabled`` and the tenants (named when their key is refused) stay as
+    they were at start, as the reload's reply says.
+    """
 
     def __init__(self, auth: AuthConfig) -> None:
-        self.update(auth)
-
-    def update(self, auth: AuthConfig) -> None:
         self.enabled = auth.enabled
-        self.admin = auth.admin_key_hashes
         self.tenants = {d: t.id for t in auth.tenants for d in t.key_hashes}
+        self.admin = auth.admin_key_hashes
+
+    def take_admin_keys(self, auth: AuthConfig) -> None:
+        """A reloaded topology: its admin keys replace the old ones."""
+        self.admin = auth.admin_key_hashes
+
+    @property
+    def open(self) -> bool:
+        return not self.enabled and not self.admin
 
     def check(self, metadata: Any) -> None:
         """Raise UNAUTHENTICATED (no or unknown key) or PERMISSION_DENIED (a tenant's key)."""
-        if not self.enabled:
+        if self.open:
             return
-        value = next((v for k, v in metadata or () if k == AUTHORIZATION), None)
-        if not isinstance(value, str) or not value.startswith("Bearer "):
-            raise RouteError(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "the Admin API needs 'authorization: Bearer <admin key>' metadata",
-            )
-        digest = hash_key(value[len("Bearer ") :].strip())
+        digest = hash_key(bearer_key(metadata, "admin key"))
         if digest in self.admin:
             return
         if digest in self.tenants:
@@ -231,7 +246,7 @@ class AdminService(apb_grpc.AdminServicer):
         self, child: Child, context: grpc.aio.ServicerContext
     ) -> apb.ListTopologyResponse:
         try:
-            timeout = min(LIST_TIMEOUT_S, 0.8 * self._timeout(context))
+            timeout = min(LIST_TIMEOUT_S, BELOW_SHARE * self._timeout(context))
             reply: apb.ListTopologyResponse = await self._forward(
                 "ListTopology", apb.ListTopologyRequest(), child, context, timeout
             )
@@ -332,13 +347,24 @@ class AdminService(apb_grpc.AdminServicer):
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"topology not reloaded, nothing changed: {exc}",
             ) from None
-        report = await self.hooks.reload(topology)
+        try:
+            report = await self.hooks.reload(topology)
+        except RouteError:
+            raise
+        except Exception as exc:  # a bug: say so (not UNKNOWN), and what it may have left
+            log.exception("the %s tier failed applying a reloaded topology", self.label)
+            raise RouteError(
+                grpc.StatusCode.INTERNAL,
+                f"the {self.label} tier failed applying the reloaded topology "
+                f"({type(exc).__name__}: {exc}); part of it may be applied, its children "
+                "were not reloaded: see 'meridian admin list' and the tier's log",
+            ) from None
         report.tier = self.label
         report.not_applied.extend(unapplied_settings(self.topology, topology, self.tier, self.name))
         self.topology = topology
         self.index = subtree_index(topology, self.tier, self.name)
         if self.guard is not None:
-            self.guard.update(topology.auth)
+            self.guard.take_admin_keys(topology.auth)
         self.on_reloaded()
         return report
 
@@ -348,8 +374,9 @@ class AdminService(apb_grpc.AdminServicer):
         if self.tier not in TIER_BELOW:
             return ()
         try:
+            timeout = BELOW_SHARE * self._timeout(context)
             reply: apb.ReloadTopologyResponse = await self._forward(
-                "ReloadTopology", apb.ReloadTopologyRequest(), child, context
+                "ReloadTopology", apb.ReloadTopologyRequest(), child, context, timeout
             )
         except RouteError as err:
             label = f"{TIER_BELOW[self.tier]} {child.name}"
@@ -357,48 +384,30 @@ class AdminService(apb_grpc.AdminServicer):
         return reply.tiers
 
 
-# Topology settings a running tier does not take over (all but regions, rtt_ms and
-# auth.admin_keys, which the tiers apply).
-_RESTART_SETTINGS = (
-    "redis_url",
-    "summary_cadence_s",
-    "summary_stream_maxlen",
-    "health_interval_s",
-    "time_scale",
-    "slow_start_window_s",
-    "failback_window_s",
-    "tls",
-    "limits",
-)
+def upper_tier_admin(
+    tier: str,
+    name: str,
+    kind: str,
+    children: ChildSet,
+    topology: Topology,
+    wanted: Callable[[Topology], Sequence[Child]],
+    *,
+    follow: Callable[[Topology], None] = lambda t: None,
+    source: Callable[[], Topology] | None = None,
+    guard: AdminGuard | None = None,
+) -> AdminService:
+    """The Admin API of a global or regional tier, whose children are plain ``Child``s
+    built from the topology by ``wanted``; ``follow`` applies the tier's other
+    reloadable settings (summary streams to read, the RTT matrix)."""
 
+    def describe(child: Child) -> apb.Node:
+        return describe_child(child, kind, children.clock(), children.summary_ttl_s)
 
-def own_addresses(topology: Topology, tier: str, name: str) -> tuple[str, str] | None:
-    """This tier's own listen and ops addresses in ``topology`` (None: not in it)."""
-    if tier == "global":
-        own: Any = topology.global_tier
-    else:
-        found: list[Any] = [region for region in topology.regions if region.name == name]
-        found += [zone for region in topology.regions for zone in region.zones if zone.name == name]
-        if not found:
-            return None
-        own = found[0]
-    return str(own.endpoint), str(own.ops)
+    async def reload(new: Topology) -> apb.TierReload:
+        report = await reload_children(children, wanted(new))
+        follow(new)
+        return report
 
-
-def unapplied_settings(old: Topology, new: Topology, tier: str, name: str) -> list[str]:
-    """Differences a running tier leaves alone: restart it to apply them."""
-    out = [
-        f"{key} (restart to apply)"
-        for key in _RESTART_SETTINGS
-        if getattr(old, key) != getattr(new, key)
-    ]
-    if old.auth.enabled != new.auth.enabled or old.auth.tenants != new.auth.tenants:
-        out.append("auth.enabled / auth.tenants (restart to apply)")
-    before, after = own_addresses(old, tier, name), own_addresses(new, tier, name)
-    if after is None:
-        out.append(f"{name} itself is gone from the topology: stop this process")
-    elif before is not None and before[0] != after[0]:
-        out.append(f"own listen address {before[0]} -> {after[0]} (restart to apply)")
-    elif before is not None and before[1] != after[1]:
-        out.append(f"own ops_listen {before[1]} -> {after[1]} (restart to apply)")
-    return out
+    return AdminService(
+        tier, name, children, topology, TierHooks(describe, reload), source=source, guard=guard
+    )

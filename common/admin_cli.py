@@ -8,7 +8,8 @@ meridian admin reload               every tier re-reads its topology file
 
 It calls the global tier (``--target``, default 127.0.0.1:8001) with the admin
 key from ``--key`` or ``MERIDIAN_ADMIN_KEY``. An error exits 1 with the gRPC
-status and its message.
+status and its message; so does a reload that some tier could not apply (its
+line says ERROR; the other tiers' lines say what they did).
 """
 
 from __future__ import annotations
@@ -128,7 +129,10 @@ def admin_main(argv: list[str]) -> int:
                 done = stub.SetWeight(request, **call)
                 print(f"{done.kind} {done.target} (by {done.applied_by}): {done.detail}")
             else:
-                print(reload_report(stub.ReloadTopology(apb.ReloadTopologyRequest(), **call)))
+                reply = stub.ReloadTopology(apb.ReloadTopologyRequest(), **call)
+                print(reload_report(reply))
+                if any(tier.error for tier in reply.tiers):
+                    return 1
         except grpc.RpcError as err:
             code, details = err.code(), err.details()
             print(f"meridian admin: {code.name}: {details}", file=sys.stderr)

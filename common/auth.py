@@ -27,6 +27,33 @@ ANONYMOUS = TenantConfig(id="anonymous", key_hashes=frozenset())
 KEY_PREFIX = "mk_"
 
 
+# Longer authorization metadata is refused unread (a key is ~35 characters).
+MAX_AUTHORIZATION_CHARS = 512
+
+
+def bearer_key(metadata: object, what: str = "api key") -> str:
+    """The key in ``authorization: Bearer <key>`` metadata (the last such entry);
+    UNAUTHENTICATED when it is missing, not ``Bearer <key>``, or over 512 characters.
+    ``what`` names the key the caller wants in the message."""
+    value = None
+    for key, item in metadata or ():  # type: ignore[attr-defined]
+        if key == AUTHORIZATION:
+            value = item
+    if value is None:
+        raise RouteError(
+            grpc.StatusCode.UNAUTHENTICATED, f"missing 'authorization: Bearer <{what}>' metadata"
+        )
+    if (
+        not isinstance(value, str)
+        or not value.startswith("Bearer ")
+        or len(value) > MAX_AUTHORIZATION_CHARS
+    ):
+        raise RouteError(
+            grpc.StatusCode.UNAUTHENTICATED, f"metadata 'authorization' must be 'Bearer <{what}>'"
+        )
+    return value[len("Bearer ") :].strip()
+
+
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
@@ -48,21 +75,7 @@ class Authenticator:
         """The caller's tenant; UNAUTHENTICATED when it cannot be established."""
         if not self.enabled:
             return ANONYMOUS
-        value = None
-        for key, item in metadata or ():  # type: ignore[attr-defined]
-            if key == AUTHORIZATION:
-                value = item
-        if value is None:
-            raise RouteError(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing 'authorization: Bearer <api key>' metadata",
-            )
-        if not isinstance(value, str) or not value.startswith("Bearer ") or len(value) > 512:
-            raise RouteError(
-                grpc.StatusCode.UNAUTHENTICATED,
-                "metadata 'authorization' must be 'Bearer <api key>'",
-            )
-        tenant = self._by_hash.get(hash_key(value[len("Bearer ") :].strip()))
+        tenant = self._by_hash.get(hash_key(bearer_key(metadata)))
         if tenant is None:
             raise RouteError(grpc.StatusCode.UNAUTHENTICATED, "API key not recognised")
         return tenant

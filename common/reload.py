@@ -7,15 +7,15 @@ and then ramps up like any child that came back). A removed child is
 drained at once and closed once its in-flight calls have ended. A kept
 child takes over changed models and location; an address change is not
 applied (a child is its address: add it under a new name instead).
+``unapplied_settings`` names what else a running tier leaves alone.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Sequence
 
-from common.admin import AdminGuard, AdminService, TierHooks, describe_child
 from common.children import Child, ChildSet
-from common.config import Topology
+from common.config import GlobalConfig, RegionConfig, Topology, ZoneConfig
 from common.gen.meridian.v1 import admin_pb2 as apb
 
 
@@ -68,30 +68,58 @@ async def reload_children(
     return report
 
 
-def upper_tier_admin(
-    tier: str,
-    name: str,
-    kind: str,
-    children: ChildSet,
-    topology: Topology,
-    wanted: Callable[[Topology], Sequence[Child]],
-    *,
-    follow: Callable[[Topology], None] = lambda t: None,
-    source: Callable[[], Topology] | None = None,
-    guard: AdminGuard | None = None,
-) -> AdminService:
-    """The Admin API of a global or regional tier, whose children are plain ``Child``s
-    built from the topology by ``wanted``; ``follow`` applies the tier's other
-    reloadable settings (summary streams to read, the RTT matrix)."""
+# Top-level settings a running tier does not take over (it applies regions, rtt_ms
+# and auth.admin_keys); tenant_headroom is read by the local tiers at start.
+_RESTART_SETTINGS = (
+    "redis_url",
+    "summary_cadence_s",
+    "summary_stream_maxlen",
+    "health_interval_s",
+    "time_scale",
+    "slow_start_window_s",
+    "failback_window_s",
+    "tenant_headroom",
+    "tls",
+    "limits",
+)
 
-    def describe(child: Child) -> apb.Node:
-        return describe_child(child, kind, children.clock(), children.summary_ttl_s)
 
-    async def reload(new: Topology) -> apb.TierReload:
-        report = await reload_children(children, wanted(new))
-        follow(new)
-        return report
+def own_config(
+    topology: Topology, tier: str, name: str
+) -> GlobalConfig | RegionConfig | ZoneConfig | None:
+    """This tier's own entry in ``topology`` (None: not in it)."""
+    if tier == "global":
+        return topology.global_tier
+    for region in topology.regions:
+        if tier == "regional" and region.name == name:
+            return region
+        for zone in region.zones:
+            if tier == "local" and zone.name == name:
+                return zone
+    return None
 
-    return AdminService(
-        tier, name, children, topology, TierHooks(describe, reload), source=source, guard=guard
-    )
+
+def unapplied_settings(old: Topology, new: Topology, tier: str, name: str) -> list[str]:
+    """Differences a running tier leaves alone: restart it to apply them."""
+    out = [
+        f"{key} (restart to apply)"
+        for key in _RESTART_SETTINGS
+        if getattr(old, key) != getattr(new, key)
+    ]
+    if old.auth.enabled != new.auth.enabled or old.auth.tenants != new.auth.tenants:
+        out.append("auth.enabled / auth.tenants (restart to apply)")
+    before, after = own_config(old, tier, name), own_config(new, tier, name)
+    if after is None:
+        out.append(f"{name} itself is gone from the topology: stop this process")
+        return out
+    if before is None:
+        return out
+    if before.endpoint != after.endpoint:
+        out.append(f"own listen address {before.endpoint} -> {after.endpoint} (restart to apply)")
+    if before.ops != after.ops:
+        out.append(f"own ops_listen {before.ops} -> {after.ops} (restart to apply)")
+    # The global and a regional tier measure distance from their own location; a
+    # local tier's choice does not depend on it (the regional tier's does, and applies it).
+    if tier != "local" and before.location != after.location:
+        out.append("own location (restart to apply)")
+    return out

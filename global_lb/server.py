@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from common.admin import AdminGuard
+from common.admin import AdminGuard, upper_tier_admin
 from common.admission import edge_admission
 from common.balancer import RankingBalancer
 from common.capacity import CapacityReader, region_stream
@@ -14,7 +14,6 @@ from common.errors import RouteError
 from common.fleet_view import install_fleet_view
 from common.geo import GeoPoint
 from common.proxy import TierSpec
-from common.reload import upper_tier_admin
 from common.resilience import SlowStartConfig
 from common.routing import CLIENT_REGION, RouteHints
 from common.telemetry import setup_tracing

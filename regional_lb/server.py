@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from common.admin import upper_tier_admin
 from common.admission import inner_admission
 from common.balancer import RankingBalancer
 from common.capacity import CapacityPublisher, CapacityReader, aggregate, region_stream, zone_stream
@@ -13,7 +14,6 @@ from common.config import ConfigError, RegionConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
 from common.geo import GeoPoint
 from common.proxy import TierSpec
-from common.reload import upper_tier_admin
 from common.resilience import SlowStartConfig
 from common.routing import RouteHints
 from common.telemetry import setup_tracing

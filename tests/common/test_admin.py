@@ -8,14 +8,15 @@ import dataclasses
 import grpc
 import pytest
 
-from common.admin import AdminGuard, subtree_index, unapplied_settings
-from common.auth import hash_key
+from common.admin import AdminGuard, AdminService, TierHooks, subtree_index
+from common.auth import bearer_key, hash_key
 from common.children import Child, ChildSet
 from common.config import AuthConfig, Endpoint, TenantConfig, Topology, topology_from_mapping
 from common.errors import RouteError
+from common.gen.meridian.v1 import admin_pb2 as apb
 from common.geo import GeoPoint
 from common.pick import PickRequest
-from common.reload import reload_children
+from common.reload import reload_children, unapplied_settings
 from global_lb.picker import RegionPicker
 from regional_lb.server import drained
 from sim.topology import one_zone_mapping
@@ -83,6 +84,87 @@ def test_admin_guard_admits_an_admin_key_and_everyone_when_auth_is_off() -> None
     AdminGuard(AuthConfig(enabled=False)).check([])
 
 
+def test_admin_keys_are_required_even_with_auth_off() -> None:
+    admins = frozenset({hash_key("mk_admin")})
+    off = AdminGuard(AuthConfig(enabled=False, admin_key_hashes=admins))
+    for metadata in ([], bearer("mk_other")):
+        with pytest.raises(RouteError) as err:
+            off.check(metadata)
+        assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+    off.check(bearer("mk_admin"))
+
+
+def test_auth_on_without_admin_keys_admits_nobody() -> None:
+    with pytest.raises(RouteError) as err:
+        AdminGuard(AuthConfig(enabled=True)).check(bearer("mk_anything"))
+    assert err.value.code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_bearer_key_takes_the_last_entry_and_caps_its_length() -> None:
+    assert bearer_key([*bearer("one"), *bearer(" two ")]) == "two"
+    with pytest.raises(RouteError) as err:
+        bearer_key(bearer("k" * 600), "admin key")
+    assert err.value.code == grpc.StatusCode.UNAUTHENTICATED and "<admin key>" in err.value.message
+
+
+def admin_service(
+    topology: Topology,
+    reloaded: Topology,
+    guard: AdminGuard | None = None,
+    reload: object = None,
+) -> AdminService:
+    async def no_change(new: Topology) -> apb.TierReload:
+        return apb.TierReload()
+
+    hooks = TierHooks(lambda c: apb.Node(), reload or no_change)  # type: ignore[arg-type]
+    children = ChildSet([], probe_interval_s=1, summary_ttl_s=1)
+    return AdminService(
+        "global", "global", children, topology, hooks, source=lambda: reloaded, guard=guard
+    )
+
+
+async def test_reload_takes_new_admin_keys_but_keeps_auth_enabled_and_tenants() -> None:
+    tenant = TenantConfig(id="acme", key_hashes=frozenset({hash_key("mk_tenant")}))
+    on = dataclasses.replace(
+        topology(),
+        auth=AuthConfig(
+            enabled=True, tenants=(tenant,), admin_key_hashes=frozenset({hash_key("mk_admin")})
+        ),
+    )
+    off = dataclasses.replace(
+        on, auth=AuthConfig(enabled=False, admin_key_hashes=frozenset({hash_key("mk_new")}))
+    )
+    service = admin_service(on, off, AdminGuard(on.auth))
+    report = await service._reload_self()
+    assert "auth.enabled / auth.tenants (restart to apply)" in report.not_applied
+    guard = service.guard
+    assert guard is not None
+    guard.check(bearer("mk_new"))  # the new admin key is taken
+    for metadata, code in (
+        ([], grpc.StatusCode.UNAUTHENTICATED),
+        (bearer("mk_admin"), grpc.StatusCode.UNAUTHENTICATED),
+        (bearer("mk_tenant"), grpc.StatusCode.PERMISSION_DENIED),  # still a known tenant
+    ):
+        with pytest.raises(RouteError) as err:
+            guard.check(metadata)
+        assert err.value.code == code
+    # With auth still on at start, dropping every admin key closes the API, not opens it.
+    none = dataclasses.replace(off, auth=AuthConfig(enabled=False))
+    await admin_service(on, none, guard)._reload_self()
+    with pytest.raises(RouteError):
+        guard.check([])
+
+
+async def test_a_bug_in_a_tiers_reload_is_internal_not_unknown() -> None:
+    async def broken(new: Topology) -> apb.TierReload:
+        raise KeyError("g7")
+
+    service = admin_service(topology(), topology(), reload=broken)
+    with pytest.raises(RouteError) as err:
+        await service._reload_self()
+    assert err.value.code == grpc.StatusCode.INTERNAL and "KeyError" in err.value.message
+
+
 def zone(name: str, lat: float = 0.0) -> Child:
     return Child(
         name=name,
@@ -129,6 +211,27 @@ def test_unapplied_settings_name_what_a_running_tier_leaves_alone() -> None:
     assert unapplied_settings(old, old, "local", "gone") == [
         "gone itself is gone from the topology: stop this process"
     ]
+    headroom = dataclasses.replace(old, tenant_headroom=0.1)
+    assert unapplied_settings(old, headroom, "local", "r-1a") == [
+        "tenant_headroom (restart to apply)"
+    ]
+
+
+def test_own_location_is_not_applied_at_the_global_and_regional_tiers() -> None:
+    old = topology_from_mapping(
+        one_zone_mapping("redis://127.0.0.1:1/0", gpus=1, global_location=(1, 1))
+    )
+    new = topology_from_mapping(
+        one_zone_mapping(
+            "redis://127.0.0.1:1/0", gpus=1, global_location=(2, 2), region_location=(3, 3)
+        )
+    )
+    moved = dataclasses.replace(new, regions=old.regions)
+    assert unapplied_settings(old, moved, "global", "global") == ["own location (restart to apply)"]
+    region = dataclasses.replace(new.regions[0], zones=old.regions[0].zones)
+    moved = dataclasses.replace(old, regions=(region,))
+    assert "own location (restart to apply)" in unapplied_settings(old, moved, "regional", "r")
+    assert unapplied_settings(old, moved, "global", "global") == []
 
 
 async def test_reload_adds_down_retires_after_in_flight_and_updates_models() -> None:
