@@ -276,7 +276,12 @@ class AdminService(apb_grpc.AdminServicer):
                     method, request, child, context
                 )
                 return reply
-            self.children.set_drained(child, drained)
+            if not self.children.set_drained(child, drained):
+                raise RouteError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"{self.children.kind} {child.name} is being removed (a reloaded topology "
+                    "dropped it): it stays drained until its last requests end",
+                )
         except RouteError as err:
             await self._fail(context, err)
             raise  # unreachable: abort raises

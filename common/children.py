@@ -180,16 +180,21 @@ class ChildSet:
 
     # ------------------------------------------------------------------ admin changes
 
-    def set_drained(self, child: Child, drained: bool) -> None:
-        """Drain (no new requests; in-flight ones finish) or undrain ``child``.
+    def set_drained(self, child: Child, drained: bool) -> bool:
+        """Drain (no new requests; in-flight ones finish) or undrain ``child``;
+        False (nothing done) for undraining a child being retired, which stays
+        drained until it is gone.
 
         Health watching goes on, and a drained child is not a failure: nothing
         is marked down. Listeners hear of it at once (publishers publish the
         lost capacity, the local tier drops the GPU from its free pools)."""
+        if not drained and child.name in self._leaving:
+            return False
         if child.drained != drained:
             log.info("%s %s %s", self.kind, child.name, "drained" if drained else "undrained")
             child.drained = drained
             self._changed()
+        return True
 
     async def add(self, child: Child) -> None:
         """A child new in a reloaded topology: open its channel, watch its health."""
@@ -209,9 +214,12 @@ class ChildSet:
         on_gone: Callable[[Child], Awaitable[None]] | None = None,
         poll_s: float = 0.05,
     ) -> None:
-        """A child gone from a reloaded topology: drain it now; once its in-flight
-        calls have ended, run ``on_gone``, forget it, stop watching it and close
-        its channel. Retiring a child twice is a no-op."""
+        """A child gone from a reloaded topology: drain it now (it cannot be
+        undrained any more); once its in-flight calls have ended, run ``on_gone``,
+        forget it and stop watching it, and close its channel once no call is on
+        it (one that raced ``on_gone`` ends first). Retiring a child twice is a
+        no-op. In-flight calls are polled every ``poll_s``: the counter is plain
+        and written by the balancers, so there is no event to wait on."""
         if child.name in self._leaving:
             return
         self._leaving.add(child.name)
@@ -219,20 +227,24 @@ class ChildSet:
 
         async def finish() -> None:
             try:
-                while child.outstanding_requests > 0:  # noqa: ASYNC110 (a counter, no event)
-                    await asyncio.sleep(poll_s)
+                await _idle(child, poll_s)
                 if on_gone is not None:
-                    await on_gone(child)
+                    try:
+                        await on_gone(child)
+                    except Exception:  # its own state is the caller's; forget it anyway
+                        log.exception("%s %s: clean-up on removal failed", self.kind, child.name)
             finally:
                 self._leaving.discard(child.name)
             self.children = tuple(c for c in self.children if c is not child)
-            self.by_name.pop(child.name, None)
+            if self.by_name.get(child.name) is child:
+                del self.by_name[child.name]
             watch = self._watches.pop(child.name, None)
             if watch is not None:
                 watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch
             self._changed()
+            await _idle(child, poll_s)
             if child.channel is not None:
                 self._channels.remove(child.channel)
                 await child.channel.close()
@@ -364,3 +376,9 @@ class ChildSet:
                 self.mark_failed(child, f"health: {exc.code().name}: {exc.details()}")
             await asyncio.sleep(backoff)
             backoff = min(1.0, 2 * backoff)
+
+
+async def _idle(child: Child, poll_s: float) -> None:
+    """Return once no call this tier sent to ``child`` is in flight."""
+    while child.outstanding_requests > 0:  # noqa: ASYNC110 (a plain counter, no event)
+        await asyncio.sleep(poll_s)

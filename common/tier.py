@@ -109,10 +109,21 @@ class TierServer:
             self.children.add_listener(self.publisher.poke)
             self.proxy.hint_source = self.publisher.latest_hint
         self.children.add_listener(self._readiness_changed)
+        # The child tuple the served models were derived from (ChildSet replaces it
+        # when a child is added or finally leaves).
+        self._members = self.children.children
+        self.children.add_listener(self._membership_changed)
 
     def _children_reloaded(self) -> None:
-        """A reloaded topology may add models (or drop the last GPU of one)."""
-        self.proxy.models = frozenset(m for c in self.children for m in c.models)
+        """A reloaded topology may add models or change a kept child's; a removed
+        child's models go when it has finally left (``_membership_changed``)."""
+        self._members = self.children.children
+        self.proxy.models = frozenset(m for c in self._members for m in c.models)
+
+    def _membership_changed(self) -> None:
+        """A child came or left: a model nobody serves any more is NOT_FOUND again."""
+        if self.children.children is not self._members:
+            self._children_reloaded()
 
     def _readiness_changed(self) -> None:
         """Serve grpc.health.v1 SERVING only while some child is up: the tier above

@@ -4,19 +4,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 
 import grpc
 import pytest
 
 from common.admin import AdminGuard, AdminService, TierHooks, subtree_index
 from common.auth import bearer_key, hash_key
+from common.balancer import RankingBalancer
 from common.children import Child, ChildSet
 from common.config import AuthConfig, Endpoint, TenantConfig, Topology, topology_from_mapping
 from common.errors import RouteError
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.geo import GeoPoint
 from common.pick import PickRequest
+from common.proxy import TierSpec
 from common.reload import reload_children, unapplied_settings
+from common.tier import TierServer
 from global_lb.picker import RegionPicker
 from regional_lb.server import drained
 from sim.topology import one_zone_mapping
@@ -254,5 +258,49 @@ async def test_reload_adds_down_retires_after_in_flight_and_updates_models() -> 
                 break
             await asyncio.sleep(0.02)
         assert [c.name for c in children] == ["a", "c"] and not children.leaving("b")
+    finally:
+        await children.stop()
+
+
+async def test_undrain_is_refused_while_a_removed_child_finishes() -> None:
+    a, b = zone("a"), zone("b")
+    children = ChildSet([a, b], probe_interval_s=1, summary_ttl_s=1.5, probe=False)
+    await children.start()
+    try:
+        b.outstanding_requests = 1
+        await reload_children(children, [zone("a")])
+        assert not children.set_drained(b, False) and b.drained
+        assert children.set_drained(b, True)  # draining it again is harmless
+        b.outstanding_requests = 0
+        await until(lambda: "b" not in children.by_name)
+    finally:
+        await children.stop()
+
+
+async def until(done: Callable[[], bool]) -> None:
+    for _ in range(100):
+        if done():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("condition not reached in 1 s")
+
+
+async def test_a_model_is_not_found_once_the_last_child_serving_it_has_left() -> None:
+    a = zone("a")
+    b = dataclasses.replace(zone("b"), models=frozenset({"n"}))
+    children = ChildSet([a, b], probe_interval_s=1, summary_ttl_s=1.5, probe=False)
+    spec = TierSpec(
+        tier="regional", route_prefix="r", trust_internal=True, resolve_origin=lambda h: None
+    )
+    picker = RegionPicker(GeoPoint(0, 0), 1.5)
+    tier = TierServer(spec, children, RankingBalancer(picker, children), Endpoint("127.0.0.1", 0))
+    await children.start()
+    try:
+        b.outstanding_requests = 1
+        await reload_children(children, [zone("a")])
+        assert tier.proxy.models == {M, "n"}  # b still finishes a call for n
+        b.outstanding_requests = 0
+        await until(lambda: "b" not in children.by_name)
+        assert tier.proxy.models == {M}
     finally:
         await children.stop()
