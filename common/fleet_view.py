@@ -7,19 +7,24 @@ so its ops server can answer for the fleet. ``FleetView`` adds to it:
   in-flight requests, merged from the global's own view of its regions and each
   regional and local tier's ``/api/state``;
 * ``/api/fleet/traces``: the newest traces with every tier's spans
-  (``common.trace_view``);
+  (``common.trace_view``), each marked ``complete`` unless a tier it passed through
+  did not answer (its spans may then be missing);
 * ``/`` and ``/dashboard``: the live dashboard page (``dashboard.html``, one static
   file, no build step, nothing loaded from elsewhere).
 
-Inner tiers are asked concurrently over loopback with a short timeout; a tier that
-does not answer in time is shown as unreachable (its GPUs as unknown, taken from
-the topology), never failing the whole answer. Answers are shared for
-``max_age_s``, so many open dashboards cost the inner tiers no more than one.
+Inner tiers are asked concurrently, at the ops address the topology names (one
+bound to a wildcard such as ``0.0.0.0`` over loopback), with a short timeout. A tier
+that does not answer in time, or answers something that is not its ``/api/state``,
+is shown as unreachable (its GPUs as unknown, taken from the topology), never
+failing the whole answer; a field of the wrong type reads as unknown. Answers are
+shared for ``max_age_s``, so many open dashboards cost the inner tiers no more than
+one; a computation that fails is not shared, the next viewer starts a new one.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -78,17 +83,44 @@ class Fetched:
     error: str = ""
 
 
-def _capacity(summary: Mapping[str, Any] | None) -> dict[str, Any]:
+# Another process's answer, read field by field: a wrong type reads as unknown.
+def _number(value: Any) -> int | float | None:
+    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _count(value: Any) -> int:
+    """A count as protobuf JSON writes it (a number, or a string for 64-bit); 0 if not."""
+    try:
+        return int(value) if isinstance(value, int | float | str) else 0
+    except ValueError:
+        return 0
+
+
+def _flag(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, dict) else {}
+
+
+def _capacity(summary: Any) -> dict[str, Any]:
     """Slots, busy slots, queue and utilisation summed over a summary's models
     (``MessageToDict`` names, zero fields omitted)."""
-    if not summary:
+    if not summary or not isinstance(summary, dict):
         return {"utilisation": None, "queued": None, "slots": None, "healthy_gpus": None}
     slots = busy = queued = healthy = 0
-    for model in summary.get("models", ()):
-        slots += int(model.get("totalSlots", 0))
-        busy += int(model.get("busySlots", 0))
-        queued += int(model.get("queuedRequests", 0))
-        healthy = max(healthy, int(model.get("healthyGpus", 0)))
+    models = summary.get("models")
+    for model in models if isinstance(models, list) else ():
+        model = _mapping(model)
+        slots += _count(model.get("totalSlots"))
+        busy += _count(model.get("busySlots"))
+        queued += _count(model.get("queuedRequests"))
+        healthy = max(healthy, _count(model.get("healthyGpus")))
     return {
         "utilisation": busy / slots if slots else 0.0,
         "queued": queued,
@@ -112,32 +144,59 @@ def _gpu(
 ) -> dict[str, Any]:
     if live is None:
         return {"name": cfg_name, "hardware": hardware, "slots": slots, "state": "unknown"}
-    slots = int(live.get("slots", slots)) or slots
-    outstanding = int(live.get("outstanding_requests", 0))
-    reported = live.get("reported") or {}
+    slots = _count(live.get("slots")) or slots
+    outstanding = max(0, _count(live.get("outstanding_requests")))
+    reported = _mapping(live.get("reported"))
     out = {
         "name": cfg_name,
-        "hardware": live.get("hardware", hardware),
+        "hardware": _text(live.get("hardware")) or hardware,
         "slots": slots,
         "state": _gpu_state(live),
         "healthy": bool(live.get("healthy")),
         "outstanding": outstanding,
-        "utilisation": min(1.0, outstanding / slots) if slots else 0.0,
-        "running": reported.get("running"),
-        "waiting": reported.get("waiting"),
-        "kv_cache_usage": reported.get("kv_cache_usage"),
-        "last_error": live.get("last_error", ""),
+        "utilisation": min(1.0, outstanding / slots) if slots > 0 else 0.0,
+        "running": _number(reported.get("running")),
+        "waiting": _number(reported.get("waiting")),
+        "kv_cache_usage": _number(reported.get("kv_cache_usage")),
+        "last_error": _text(live.get("last_error")),
     }
-    for key in ("drained", "weight"):  # set by the admin API when present
-        if key in live:
-            out[key] = live[key]
+    # Set by the admin API when present.
+    if "drained" in live:
+        out["drained"] = bool(live["drained"])
+    if _number(live.get("weight")) is not None:
+        out["weight"] = live["weight"]
     return out
 
 
 def _children(state: Fetched | None) -> dict[str, dict[str, Any]]:
+    """An answer's children by name (``_get`` checked that ``children`` is a list)."""
     if state is None or state.body is None:
         return {}
-    return {c["name"]: c for c in state.body.get("children", ())}
+    return {
+        c["name"]: c
+        for c in state.body["children"]
+        if isinstance(c, dict) and isinstance(c.get("name"), str)
+    }
+
+
+def _queue(state: Fetched | None) -> dict[str, int] | None:
+    """A local tier's queue by priority, or None when it did not say (or said nonsense)."""
+    queue = (state.body or {}).get("queue") if state is not None else None
+    if not isinstance(queue, dict) or any(_number(v) is None for v in queue.values()):
+        return None
+    return {k: int(v) for k, v in queue.items()}
+
+
+def _seen(child: Mapping[str, Any]) -> dict[str, Any]:
+    """What a tier says of one of its children (a region or a zone)."""
+    return {
+        "healthy": _flag(child.get("healthy")),
+        "drained": _flag(child.get("drained")),
+        "last_error": _text(child.get("last_error")),
+        "outstanding": _number(child.get("outstanding_requests")),
+        "summary_age_s": _number(child.get("summary_age_s")),
+        **_capacity(child.get("summary")),
+    }
 
 
 def merge_fleet(
@@ -161,25 +220,20 @@ def merge_fleet(
                 _gpu(g.name, g.hardware, g.max_concurrency, gpus_seen.get(g.name))
                 for g in zone.gpus
             ]
-            queue = (local.body or {}).get("queue") if local is not None else None
-            tier_queued = sum(queue.values()) if isinstance(queue, dict) else None
+            queue = _queue(local)
+            tier_queued = sum(queue.values()) if queue is not None else None
             for g in gpus:
                 totals["gpus"] += 1
                 totals["gpus_ok"] += g["state"] == "ok"
                 totals["slots"] += g["slots"]
                 totals["outstanding"] += g.get("outstanding", 0)
-                totals["queued"] += int(g.get("waiting") or 0)
+                totals["queued"] += max(0, int(g.get("waiting") or 0))
             totals["queued"] += tier_queued or 0
             zones.append(
                 {
                     "name": zone.name,
                     **_reach(local),
-                    "healthy": zone_seen.get("healthy"),
-                    "drained": zone_seen.get("drained"),
-                    "last_error": zone_seen.get("last_error", ""),
-                    "outstanding": zone_seen.get("outstanding_requests"),
-                    "summary_age_s": zone_seen.get("summary_age_s"),
-                    **_capacity(zone_seen.get("summary")),
+                    **_seen(zone_seen),
                     "tier_queued": tier_queued,
                     "queue": queue,
                     "gpus": gpus,
@@ -190,12 +244,7 @@ def merge_fleet(
                 "name": region.name,
                 "location": [region.location.lat, region.location.lon],
                 **_reach(regional),
-                "healthy": seen.get("healthy"),
-                "drained": seen.get("drained"),
-                "last_error": seen.get("last_error", ""),
-                "outstanding": seen.get("outstanding_requests"),
-                "summary_age_s": seen.get("summary_age_s"),
-                **_capacity(seen.get("summary")),
+                **_seen(seen),
                 "zones": zones,
             }
         )
@@ -213,7 +262,7 @@ def _reach(state: Fetched | None) -> dict[str, Any]:
         return {"reachable": None, "ready": None, "error": "no ops_listen"}
     if state.body is None:
         return {"reachable": False, "ready": None, "error": state.error}
-    return {"reachable": True, "ready": state.body.get("ready"), "error": ""}
+    return {"reachable": True, "ready": _flag(state.body.get("ready")), "error": ""}
 
 
 class FleetView:
@@ -261,29 +310,45 @@ class FleetView:
             self._session = aiohttp.ClientSession(timeout=self.timeout)
         return self._session
 
-    async def _get(self, target: OpsTarget, path: str) -> Fetched:
+    async def _get(self, target: OpsTarget, path: str, listed: str) -> Fetched:
+        """``target``'s JSON answer at ``path``: an object with a list under ``listed``
+        (``children``, ``traces``), or why there is none."""
         try:
             async with self._client().get(f"http://{target.address}{path}") as reply:
                 if reply.status != 200:
                     return Fetched(None, f"HTTP {reply.status}")
-                body: dict[str, Any] = await reply.json()
-                return Fetched(body)
+                body = await reply.json()
         except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
             return Fetched(None, f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__)
+        if not isinstance(body, dict) or not isinstance(body.get(listed), list):
+            return Fetched(None, f"malformed answer: no {listed!r} list")
+        return Fetched(body)
 
     async def _shared_answer(
         self, key: str, make: Callable[[], Awaitable[dict[str, Any]]]
     ) -> dict[str, Any]:
-        """One computation per ``key`` every ``max_age_s``, awaited by every caller."""
+        """One computation per ``key`` every ``max_age_s``, awaited by every caller.
+
+        A computation that fails is forgotten as it fails: its callers see the
+        error, the next caller starts afresh rather than meeting the same error."""
         now = time.monotonic()
         entry = self._shared.get(key)
         if entry is None or now - entry[0] > self.max_age_s:
             entry = (now, asyncio.ensure_future(make()))
             self._shared[key] = entry
+            entry[1].add_done_callback(functools.partial(self._forget_failed, key))
         return await asyncio.shield(entry[1])
 
+    def _forget_failed(self, key: str, task: asyncio.Future[dict[str, Any]]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            entry = self._shared.get(key)
+            if entry is not None and entry[1] is task:
+                del self._shared[key]
+
     async def fleet(self) -> dict[str, Any]:
-        answers = await asyncio.gather(*(self._get(t, "/api/state") for t in self.targets))
+        answers = await asyncio.gather(
+            *(self._get(t, "/api/state", "children") for t in self.targets)
+        )
         fetched = {t.label: a for t, a in zip(self.targets, answers, strict=True)}
         return merge_fleet(self.topology, self.ops.state(), fetched)
 
@@ -294,15 +359,21 @@ class FleetView:
         own["traces"] = [t for t in own["traces"] if any(_is_global(s) for s in t["spans"])][:limit]
         ids = [t["trace_id"] for t in own["traces"]]
         sources: list[tuple[str, Mapping[str, Any]]] = [("global", own)]
+        silent: set[str] = set()  # inner tiers that did not answer
         if ids:
             query = f"/api/traces?limit={len(ids)}&ids={','.join(ids)}"
-            answers = await asyncio.gather(*(self._get(t, query) for t in self.targets))
+            answers = await asyncio.gather(*(self._get(t, query, "traces") for t in self.targets))
             for target, answer in zip(self.targets, answers, strict=True):
                 if answer.body is not None:
                     sources.append((target.label, answer.body))
+                else:
+                    silent.add(target.name)
         merged = merge_traces(sources)
         merged = {tid: merged[tid] for tid in ids if tid in merged}
-        body: dict[str, Any] = {"traces": recent_traces(merged, limit)}
+        traces = recent_traces(merged, limit)
+        for trace in traces:
+            trace["complete"] = not passed_through(trace) & silent
+        body: dict[str, Any] = {"traces": traces}
         if "note" in own:
             body["note"] = own["note"]
         return body
@@ -329,6 +400,17 @@ class FleetView:
 
 def _is_global(span: Mapping[str, Any]) -> bool:
     return bool(span.get("attributes", {}).get(tm.TIER) == "global")
+
+
+def passed_through(trace: Mapping[str, Any]) -> set[str]:
+    """The regions and zones a summarized trace names: its route and every child a
+    tier picked or tried. Were one of their tiers silent, its spans may be missing."""
+    names = {v for v in trace["route"].values() if isinstance(v, str)}
+    for span in trace["spans"]:
+        child = span["attributes"].get(tm.CHILD)
+        if isinstance(child, str):
+            names.add(child)
+    return names
 
 
 def install_fleet_view(topology: Topology, ops: OpsServer | None) -> FleetView | None:

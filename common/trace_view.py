@@ -8,7 +8,10 @@ one trace into what the dashboard lists: when, how long, status, the route
 span's reason), among how many candidates, and how many attempts it took; plus
 the spans themselves with offsets and depths for a timeline.
 
-Pure functions over the JSON ``common.ops.span_json`` writes; no I/O here.
+Pure functions over the JSON ``common.ops.span_json`` writes; no I/O here. The
+other tiers' answers are read defensively: a trace or span of the wrong shape is
+skipped and a field of the wrong type reads as missing, so one odd answer cannot
+fail the merge.
 """
 
 from __future__ import annotations
@@ -23,19 +26,61 @@ TIER_ORDER = {"global": 0, "regional": 1, "local": 2}
 Span = dict[str, Any]
 
 
+def _text(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None
+
+
+def _ns(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _list(value: Any) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def clean_span(raw: Any, source: str) -> Span | None:
+    """A reported span with every field the summary reads of the type it expects
+    (a wrong one reads as missing), tagged with its ``source``; None if not a span."""
+    if not isinstance(raw, dict):
+        return None
+    attributes = raw.get("attributes")
+    attributes = {
+        str(k): v if isinstance(v, str | int | float | bool) else str(v)
+        for k, v in (attributes.items() if isinstance(attributes, dict) else ())
+    }
+    if not isinstance(attributes.get(tm.TIER, ""), str):
+        del attributes[tm.TIER]
+    return {
+        "name": _text(raw.get("name")) or "",
+        "span_id": _text(raw.get("span_id")),
+        "parent_id": _text(raw.get("parent_id")),
+        "start_ns": _ns(raw.get("start_ns")),
+        "end_ns": _ns(raw.get("end_ns")),
+        "attributes": attributes,
+        "status": _text(raw.get("status")),
+        "source": source,
+    }
+
+
 def merge_traces(sources: Iterable[tuple[str, Mapping[str, Any]]]) -> dict[str, list[Span]]:
     """Spans by trace id from ``(source name, /api/traces body)`` pairs; each span gets
     ``source`` (which process kept it), each trace its spans in start order."""
     merged: dict[str, dict[str, Span]] = {}
     for source, body in sources:
-        for trace in body.get("traces") or ():
-            spans = merged.setdefault(str(trace["trace_id"]), {})
-            for span in trace.get("spans") or ():
-                key = span.get("span_id") or f"{source}:{len(spans)}"
-                spans.setdefault(key, {**span, "source": source})
+        for trace in _list(body.get("traces")):
+            trace_id = _text(trace.get("trace_id")) if isinstance(trace, dict) else None
+            if trace_id is None:
+                continue
+            spans = merged.setdefault(trace_id, {})
+            for raw in _list(trace.get("spans")):
+                span = clean_span(raw, source)
+                if span is not None:
+                    key = span["span_id"] or f"{source}:{len(spans)}"
+                    spans.setdefault(key, span)
     return {
         tid: sorted(spans.values(), key=lambda s: s.get("start_ns") or 0)
         for tid, spans in merged.items()
+        if spans
     }
 
 

@@ -1,13 +1,26 @@
-"""The fleet merged from each tier's /api/state answer (no processes: canned answers)."""
+"""The fleet merged from each tier's /api/state answer (canned answers), and fetched
+live from stand-in tiers that are dead, slow or answer garbage."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import copy
+import socket
+import time
+from collections.abc import AsyncIterator
 from typing import Any
 
+import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestClient, TestServer
+
+from common import telemetry as tm
 from common.children import ChildSet
 from common.config import Endpoint, topology_from_mapping
 from common.fleet_view import Fetched, FleetView, merge_fleet, ops_targets, reachable_address
 from common.ops import OpsServer, TierMetrics
+from tests.common.test_trace_view import span
 from tests.conftest import small_fleet_spec
 
 TOPOLOGY = topology_from_mapping(small_fleet_spec(regions=2, zones=1, gpus=2))
@@ -136,3 +149,210 @@ def test_a_reloaded_topology_is_followed() -> None:
     view.follow(one_region)
     assert [t.label for t in view.targets] == [f"regional {US.name}", f"local {US_ZONE.name}"]
     assert view.topology is one_region
+
+
+def test_odd_fields_from_a_tier_read_as_unknown_not_as_a_crash() -> None:
+    gpu0, gpu1 = (g.name for g in US_ZONE.gpus)
+    fetched = {
+        f"regional {US.name}": Fetched(
+            {
+                "ready": "yes",
+                "children": [
+                    "not a child",
+                    {"healthy": True},  # no name
+                    child(US_ZONE.name, healthy="yes", outstanding_requests="7", summary="x"),
+                ],
+            }
+        ),
+        f"local {US_ZONE.name}": Fetched(
+            {
+                "children": [
+                    child(gpu0, slots="many", outstanding_requests=None, reported=[1, 2]),
+                    child(gpu1, hardware=5, weight="heavy", last_error=["x"]),
+                ],
+                "queue": {"standard": "lots"},
+            }
+        ),
+    }
+    fleet = merge_fleet(TOPOLOGY, own_state(), fetched)
+    us = fleet["regions"][0]
+    zone = us["zones"][0]
+    assert us["ready"] is None and zone["healthy"] is None and zone["outstanding"] is None
+    assert zone["utilisation"] is None and zone["tier_queued"] is None
+    first, second = zone["gpus"]
+    assert first["state"] == "ok" and first["slots"] == US_ZONE.gpus[0].max_concurrency
+    assert (first["outstanding"], first["running"], first["kv_cache_usage"]) == (0, None, None)
+    assert second["hardware"] == US_ZONE.gpus[1].hardware and second["last_error"] == ""
+    assert "weight" not in second
+    assert fleet["totals"]["gpus_ok"] == 2
+
+
+async def test_shared_answer_forgets_a_failure_at_once() -> None:
+    view = FleetView(TOPOLOGY, global_ops(), max_age_s=60)
+    calls: list[int] = []
+
+    async def flaky() -> dict[str, Any]:
+        calls.append(len(calls))
+        await asyncio.sleep(0)
+        if len(calls) == 1:
+            raise RuntimeError("boom")
+        return {"n": len(calls)}
+
+    # Two callers share the failing computation; both see its error.
+    first = await asyncio.gather(
+        view._shared_answer("k", flaky), view._shared_answer("k", flaky), return_exceptions=True
+    )
+    assert [type(r) for r in first] == [RuntimeError, RuntimeError] and len(calls) == 1
+    await asyncio.sleep(0)  # the done callback runs
+    # Well inside max_age_s the next caller starts afresh, and that answer is shared.
+    assert await view._shared_answer("k", flaky) == {"n": 2}
+    assert await view._shared_answer("k", flaky) == {"n": 2}
+    assert len(calls) == 2
+
+
+def global_ops() -> OpsServer:
+    return OpsServer(
+        Endpoint("127.0.0.1", 0),
+        "global",
+        TierMetrics("global", ChildSet((), probe_interval_s=1, summary_ttl_s=1)),
+    )
+
+
+class InnerTier:
+    """A stand-in for one inner tier's ops HTTP: answers ``/api/state`` and
+    ``/api/traces`` with ``behaviour`` and counts the calls."""
+
+    def __init__(self, behaviour: str, body: dict[str, Any] | None = None) -> None:
+        self.behaviour = behaviour  # "ok", "slow" (past the timeout), "garbage"
+        self.body = body or {}
+        self.calls = 0
+        self.release = asyncio.Event()
+        self.runner: web.AppRunner | None = None
+        self.port = 0
+
+    async def start(self) -> None:
+        app = web.Application()
+        app.router.add_get("/api/state", self._answer)
+        app.router.add_get("/api/traces", self._answer)
+        self.runner = web.AppRunner(app, access_log=None)
+        await self.runner.setup()
+        site = web.TCPSite(self.runner, "127.0.0.1", 0)
+        await site.start()
+        self.port = self.runner.addresses[0][1]
+
+    async def stop(self) -> None:
+        self.release.set()
+        if self.runner is not None:
+            await self.runner.cleanup()
+
+    async def _answer(self, request: web.Request) -> web.Response:
+        self.calls += 1
+        await asyncio.sleep(0.05)  # long enough for a second caller to arrive
+        if self.behaviour == "slow":
+            await self.release.wait()
+        if self.behaviour == "garbage":
+            return web.Response(text='{"children": [', content_type="application/json")
+        return web.json_response(self.body)
+
+
+def dead_port() -> int:
+    """A loopback port nothing listens on (connection refused)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+    return port
+
+
+@contextlib.asynccontextmanager
+async def fleet_view(
+    tiers: dict[str, InnerTier | None], ops: OpsServer
+) -> AsyncIterator[tuple[TestClient[web.Request, web.Application], FleetView]]:
+    """The global's fleet endpoints over ``tiers`` (by target label; None: nothing
+    listening), served by an aiohttp test server; everything stopped at the end."""
+    spec = small_fleet_spec(regions=2, zones=1, gpus=2)
+    ports = {}
+    for label, tier in tiers.items():
+        if tier is not None:
+            await tier.start()
+        ports[label] = dead_port() if tier is None else tier.port
+    for region in spec["regions"]:
+        region["ops_listen"] = f"127.0.0.1:{ports['regional ' + region['name']]}"
+        for zone in region["zones"]:
+            zone["ops_listen"] = f"127.0.0.1:{ports['local ' + zone['name']]}"
+    view = FleetView(topology_from_mapping(spec), ops, timeout_s=0.5)
+    app = web.Application()
+    view.install(app)
+    client = TestClient(TestServer(app))
+    await client.start_server()
+    try:
+        yield client, view
+    finally:
+        await client.close()
+        for tier in tiers.values():
+            if tier is not None:
+                await tier.stop()
+
+
+async def test_live_fetch_dead_slow_and_garbage_tiers_and_one_fetch_for_two_viewers() -> None:
+    gpu = EU_ZONE.gpus[0].name
+    good = InnerTier("ok", {"ready": True, "children": [child(gpu, slots=16)], "queue": {}})
+    slow, garbage = InnerTier("slow"), InnerTier("garbage")
+    tiers = {
+        f"regional {US.name}": None,
+        f"local {US_ZONE.name}": slow,
+        f"regional {EU.name}": garbage,
+        f"local {EU_ZONE.name}": good,
+    }
+    async with fleet_view(tiers, global_ops()) as (client, _):
+        started = time.monotonic()
+        replies = await asyncio.gather(client.get("/api/fleet"), client.get("/api/fleet"))
+        assert time.monotonic() - started < 2  # the slow tier cost one timeout, no more
+        first, second = [await r.json() for r in replies]
+        assert all(r.status == 200 for r in replies) and first == second
+        assert (good.calls, slow.calls, garbage.calls) == (1, 1, 1)
+    us, eu = first["regions"]
+    assert us["reachable"] is False and "ClientConnectorError" in us["error"]
+    assert us["zones"][0]["reachable"] is False and "Timeout" in us["zones"][0]["error"]
+    assert eu["reachable"] is False and "JSONDecodeError" in eu["error"]
+    zone = eu["zones"][0]
+    assert zone["reachable"] is True and zone["gpus"][0]["state"] == "ok"
+    assert [g["state"] for g in us["zones"][0]["gpus"]] == ["unknown", "unknown"]
+
+
+def one_trace(trace_id: str, tier: str, region: str, zone: str, start_ms: float) -> dict[str, Any]:
+    """What one tier keeps of a request routed to ``region``/``zone``."""
+    sid = f"{tier[0]}{trace_id[:4]}"
+    attrs = {tm.TIER: tier, tm.REGION: region, tm.ZONE: zone}
+    spans = [span(sid, None, "ModelInfer", start_ms, start_ms + 5, **attrs)]
+    if tier == "global":
+        spans.append(span(sid + "a", sid, f"ModelInfer {region}", start_ms, start_ms + 4))
+        spans[-1]["attributes"][tm.CHILD] = region
+    return {"trace_id": trace_id, "spans": spans}
+
+
+async def test_a_trace_through_a_silent_tier_is_marked_incomplete(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    to_eu, to_us = "e" * 32, "a" * 32
+    eu = (EU.name, EU_ZONE.name)
+    ops = global_ops()
+    own = {
+        "traces": [
+            one_trace(to_eu, "global", *eu, 10),
+            one_trace(to_us, "global", US.name, US_ZONE.name, 5),
+        ]
+    }
+    monkeypatch.setattr(ops, "traces", lambda limit: copy.deepcopy(own))
+    tiers = {
+        f"regional {US.name}": None,
+        f"local {US_ZONE.name}": InnerTier("ok", {"traces": "not a list"}),
+        f"regional {EU.name}": InnerTier("ok", {"traces": [one_trace(to_eu, "regional", *eu, 11)]}),
+        f"local {EU_ZONE.name}": InnerTier("ok", {"traces": [one_trace(to_eu, "local", *eu, 12)]}),
+    }
+    async with fleet_view(tiers, ops) as (client, _):
+        reply = await client.get("/api/fleet/traces?limit=5")
+        assert reply.status == 200
+        traces = {t["trace_id"]: t for t in (await reply.json())["traces"]}
+    assert traces[to_eu]["complete"] is True
+    assert traces[to_eu]["tiers"] == ["global", "regional", "local"]
+    assert traces[to_us]["complete"] is False and traces[to_us]["tiers"] == ["global"]
