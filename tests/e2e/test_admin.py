@@ -25,8 +25,6 @@ from tests.client import LoadLoop, V2Client, expect_code, region_of, zone_of
 from tests.conftest import small_fleet_spec, start_fleet
 
 DUBLIN = ("x-meridian-client-geo", "53.35,-6.26")
-# Long enough for the requests in flight at a drain to finish (4 tokens at 20x speed).
-SETTLE_S = 0.4
 
 
 class Admin:
@@ -94,6 +92,18 @@ def gpu_counter(fleet: Fleet, gpu_name: str, metric: str) -> float:
                     if line.startswith((f"{metric}{{", f"{metric} "))
                 )
     raise KeyError(gpu_name)
+
+
+def wait_idle(fleet: Fleet, gpu: str, deadline: float) -> None:
+    """Return once ``gpu`` runs and queues no request; fail at ``deadline``."""
+    while True:
+        busy = gpu_counter(fleet, gpu, "vllm:num_requests_running") + gpu_counter(
+            fleet, gpu, "vllm:num_requests_waiting"
+        )
+        if busy == 0:
+            return
+        assert time.monotonic() < deadline, f"{gpu} still has {busy:g} requests"
+        time.sleep(0.05)
 
 
 @pytest.fixture(scope="module")
@@ -179,8 +189,10 @@ def test_drain_a_gpu_under_load_loses_nothing_and_gives_it_nothing_new(
             done = admin.drain(gpu)
             assert (done.kind, done.applied_by) == ("gpu", f"local {gpu.rsplit('-', 1)[0]}")
             drained_at = time.monotonic()
-            time.sleep(SETTLE_S)
+            # The requests it had finish (however long that takes on a busy machine) ...
+            wait_idle(fleet, gpu, deadline=drained_at + 10)
             served = gpu_counter(fleet, gpu, "vllm:request_success_total")
+            # ... and from then on it gets nothing new.
             time.sleep(1.0)
             assert gpu_counter(fleet, gpu, "vllm:request_success_total") == served
             assert gpu_counter(fleet, gpu, "vllm:num_requests_running") == 0

@@ -2,15 +2,19 @@
 
 One fleet (1 region x 1 zone x 2 GPUs, auth on with a tenant and an admin
 key). The reload test starts one extra emulated GPU worker itself and stops
-it when it ends, whatever happened.
+it when it ends, whatever happened, after reloading the original topology
+so the fleet is as it was.
 """
 
 from __future__ import annotations
 
 import copy
+import os
+import queue
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,6 +35,9 @@ from tests.e2e.test_admin import Admin, flatten, gpu_of
 
 REGION, ZONE = "us-east", "us-east-1a"
 KEPT, REMOVED, ADDED = f"{ZONE}-gpu0", f"{ZONE}-gpu1", f"{ZONE}-gpu9"
+# Tokens per request in the reload test: calls long enough (~0.8 s here) to be still
+# in flight on the removed GPU when the reload's reply arrives.
+LONG = 6000
 
 
 @pytest.fixture(scope="module")
@@ -152,12 +159,20 @@ def test_reload_under_load_adds_and_removes_gpus_and_loses_nothing(
         zone_of_raw(new)["gpus"] = [zone_of_raw(new)["gpus"][0], extra_worker]
         new["global"]["listen"] = f"127.0.0.1:{free_port()}"  # not applied while running
         metadata = [("authorization", f"Bearer {tenant_key}")]
-        with LoadLoop(fleet.global_address, metadata, clients=4) as load:
-            time.sleep(0.5)
-            assert REMOVED in {gpu_of(s.route) for s in load.since(0)}
+        # REMOVED is preferred (the reload forgets its weight) and requests are long, so
+        # it has calls in flight when the reload retires it.
+        admin.weight(REMOVED, 50.0)
+        with LoadLoop(fleet.global_address, metadata, clients=4, max_tokens=LONG) as load:
+            busy_by = time.monotonic() + 10
+            while flatten(admin.list())[REMOVED].outstanding_requests == 0:
+                assert time.monotonic() < busy_by, f"{REMOVED} never had a call in flight"
+                time.sleep(0.02)
             write_topology(fleet.config_path, new)
             reply = admin.reload()
             reloaded_at = time.monotonic()
+            # Removed but still finishing its calls: the wait-then-close path runs.
+            leaving = flatten(admin.list()).get(REMOVED)
+            assert leaving is not None and leaving.drained and leaving.outstanding_requests > 0
             deadline = reloaded_at + 8
             while time.monotonic() < deadline:
                 if ADDED in {gpu_of(s.route) for s in load.since(reloaded_at)}:
@@ -177,8 +192,21 @@ def test_reload_under_load_adds_and_removes_gpus_and_loses_nothing(
         gpus = flatten(admin.list())
         assert ADDED in gpus and REMOVED not in gpus and gpus[ADDED].healthy
     finally:
-        fleet.config_path.write_text(original)
+        restore(fleet, admin, original)
         admin.close()
+
+
+def restore(fleet: Fleet, admin: Admin, original: str) -> None:
+    """Reload the fleet's own topology: REMOVED is back (and up), ADDED goes."""
+    fleet.config_path.write_text(original)
+    admin.reload()
+    deadline = time.monotonic() + 15
+    while True:
+        gpus = flatten(admin.list())
+        if ADDED not in gpus and REMOVED in gpus and gpus[REMOVED].healthy:
+            return
+        assert time.monotonic() < deadline, "the original topology did not come back"
+        time.sleep(0.1)
 
 
 def test_meridian_up_prints_an_admin_key_that_works(tmp_path: Path) -> None:
@@ -191,16 +219,28 @@ def test_meridian_up_prints_an_admin_key_that_works(tmp_path: Path) -> None:
     config = tmp_path / "fleet.yaml"
     write_topology(config, spec)
     argv = [sys.executable, "-m", "common.cli", "up", "--config", str(config)]
+    # Its own session: the tiers it starts share its process group, which a hung
+    # `up` is killed with.
     up = subprocess.Popen(
-        [*argv, "--run-dir", str(tmp_path / "run")], stdout=subprocess.PIPE, text=True
+        [*argv, "--run-dir", str(tmp_path / "run")],
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
     )
     try:
         assert up.stdout is not None
+        # readline() blocks: a thread reads, the test waits on the queue with a timeout.
+        out: queue.Queue[str] = queue.Queue()
+        threading.Thread(
+            target=lambda: [out.put(ln) for ln in up.stdout or ()], daemon=True
+        ).start()
         lines: list[str] = []
         deadline = time.monotonic() + 60
         while not lines or not lines[-1].startswith("ready"):
-            line = up.stdout.readline()
-            assert line and time.monotonic() < deadline, "".join(lines)
+            try:
+                line = out.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                raise AssertionError("no 'ready' from meridian up:\n" + "".join(lines)) from None
             lines.append(line)
         found = {k: v for k, v in (ln.split(" ", 1) for ln in lines) if k in ("admin", "global")}
         key = found["admin"].split()[-1]
@@ -213,4 +253,9 @@ def test_meridian_up_prints_an_admin_key_that_works(tmp_path: Path) -> None:
             client.close()
     finally:
         up.send_signal(signal.SIGTERM)
-        up.wait(30)
+        try:
+            up.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(up.pid, signal.SIGKILL)
+            up.wait(10)
+            raise
