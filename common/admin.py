@@ -28,9 +28,9 @@ from typing import Any
 
 import grpc
 
-from common.auth import bearer_key, hash_key
+from common.auth import AdminGuard
 from common.children import Child, ChildSet
-from common.config import AuthConfig, ConfigError, Topology
+from common.config import ConfigError, Topology
 from common.errors import RouteError
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
@@ -67,46 +67,6 @@ def subtree_index(topology: Topology, tier: str, name: str) -> dict[str, tuple[s
             for gpu in zone.gpus:
                 index[gpu.name] = (owner or gpu.name, "gpu")
     return index
-
-
-class AdminGuard:
-    """Who may call the Admin API at the edge.
-
-    With admin keys configured (``auth.admin_keys``) a caller must present one,
-    whatever ``auth.enabled`` says. Without any, the API is open to every client
-    when authentication is off (a trusted private deployment) and closed to
-    everyone when it is on. A reload takes the new file's admin keys only:
-    ``auth.enabled`` and the tenants (named when their key is refused) stay as
-    they were at start, as the reload's reply says.
-    """
-
-    def __init__(self, auth: AuthConfig) -> None:
-        self.enabled = auth.enabled
-        self.tenants = {d: t.id for t in auth.tenants for d in t.key_hashes}
-        self.admin = auth.admin_key_hashes
-
-    def take_admin_keys(self, auth: AuthConfig) -> None:
-        """A reloaded topology: its admin keys replace the old ones."""
-        self.admin = auth.admin_key_hashes
-
-    @property
-    def open(self) -> bool:
-        return not self.enabled and not self.admin
-
-    def check(self, metadata: Any) -> None:
-        """Raise UNAUTHENTICATED (no or unknown key) or PERMISSION_DENIED (a tenant's key)."""
-        if self.open:
-            return
-        digest = hash_key(bearer_key(metadata, "admin key"))
-        if digest in self.admin:
-            return
-        if digest in self.tenants:
-            raise RouteError(
-                grpc.StatusCode.PERMISSION_DENIED,
-                f"the key of tenant '{self.tenants[digest]}' may not call the Admin API; "
-                "use an admin key (auth.admin_keys)",
-            )
-        raise RouteError(grpc.StatusCode.UNAUTHENTICATED, "admin key not recognised")
 
 
 @dataclass

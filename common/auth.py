@@ -1,4 +1,5 @@
-"""Identity at the edge: API keys to tenants, and what a tenant may ask for.
+"""Identity at the edge: API keys to tenants, what a tenant may ask for, and
+who may call the Admin API (``AdminGuard``).
 
 Keys are never stored: the configuration holds their SHA-256 digests, and a
 presented key is hashed and looked up. A missing, malformed or unknown key is
@@ -110,3 +111,43 @@ class Authenticator:
 
 def asked_priority(metadata: object) -> bool:
     return any(key == PRIORITY for key, _ in metadata or ())  # type: ignore[attr-defined]
+
+
+class AdminGuard:
+    """Who may call the Admin API at the edge.
+
+    With admin keys configured (``auth.admin_keys``) a caller must present one,
+    whatever ``auth.enabled`` says. Without any, the API is open to every client
+    when authentication is off (a trusted private deployment) and closed to
+    everyone when it is on. A reload takes the new file's admin keys only:
+    ``auth.enabled`` and the tenants (named when their key is refused) stay as
+    they were at start, as the reload's reply says.
+    """
+
+    def __init__(self, auth: AuthConfig) -> None:
+        self.enabled = auth.enabled
+        self.tenants = {d: t.id for t in auth.tenants for d in t.key_hashes}
+        self.admin = auth.admin_key_hashes
+
+    def take_admin_keys(self, auth: AuthConfig) -> None:
+        """A reloaded topology: its admin keys replace the old ones."""
+        self.admin = auth.admin_key_hashes
+
+    @property
+    def open(self) -> bool:
+        return not self.enabled and not self.admin
+
+    def check(self, metadata: object) -> None:
+        """Raise UNAUTHENTICATED (no or unknown key) or PERMISSION_DENIED (a tenant's key)."""
+        if self.open:
+            return
+        digest = hash_key(bearer_key(metadata, "admin key"))
+        if digest in self.admin:
+            return
+        if digest in self.tenants:
+            raise RouteError(
+                grpc.StatusCode.PERMISSION_DENIED,
+                f"the key of tenant '{self.tenants[digest]}' may not call the Admin API; "
+                "use an admin key (auth.admin_keys)",
+            )
+        raise RouteError(grpc.StatusCode.UNAUTHENTICATED, "admin key not recognised")

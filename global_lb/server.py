@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from common.admin import AdminGuard, upper_tier_admin
+from common.admin import upper_tier_admin
 from common.admission import edge_admission
+from common.auth import AdminGuard
 from common.balancer import RankingBalancer
 from common.capacity import CapacityReader, region_stream
 from common.children import Child, ChildSet

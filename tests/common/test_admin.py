@@ -5,17 +5,20 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Callable
+from concurrent import futures
 
 import grpc
 import pytest
 
-from common.admin import AdminGuard, AdminService, TierHooks, subtree_index
-from common.auth import bearer_key, hash_key
+from common.admin import AdminService, TierHooks, subtree_index
+from common.admin_cli import admin_main
+from common.auth import AdminGuard, bearer_key, hash_key
 from common.balancer import RankingBalancer
 from common.children import Child, ChildSet
 from common.config import AuthConfig, Endpoint, TenantConfig, Topology, topology_from_mapping
 from common.errors import RouteError
 from common.gen.meridian.v1 import admin_pb2 as apb
+from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
 from common.geo import GeoPoint
 from common.pick import PickRequest
 from common.proxy import TierSpec
@@ -304,3 +307,30 @@ async def test_a_model_is_not_found_once_the_last_child_serving_it_has_left() ->
         assert tier.proxy.models == {M}
     finally:
         await children.stop()
+
+
+class ReloadWithAnError(apb_grpc.AdminServicer):
+    def ReloadTopology(
+        self, request: apb.ReloadTopologyRequest, context: grpc.ServicerContext
+    ) -> apb.ReloadTopologyResponse:
+        return apb.ReloadTopologyResponse(
+            tiers=[
+                apb.TierReload(tier="global"),
+                apb.TierReload(tier="regional r", error="DEADLINE_EXCEEDED: slow"),
+            ]
+        )
+
+
+def test_cli_reload_exits_1_when_a_tier_reports_an_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
+    apb_grpc.add_AdminServicer_to_server(ReloadWithAnError(), server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    server.start()
+    try:
+        assert admin_main(["--target", f"127.0.0.1:{port}", "reload"]) == 1
+    finally:
+        server.stop(None)
+    out = capsys.readouterr().out
+    assert "global: no change" in out and "regional r: ERROR DEADLINE_EXCEEDED" in out
