@@ -199,7 +199,7 @@ class Limits:
     max_metadata_bytes: int = 16 * 1024
 
 
-DEFAULT_TENANT_HEADROOM = 0.6
+DEFAULT_TENANT_HEADROOM = 0.7
 
 
 @dataclass(frozen=True)
