@@ -12,17 +12,60 @@ from __future__ import annotations
 
 import argparse
 import tempfile
+import threading
 import time
-from contextlib import ExitStack
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
+from typing import Any
 
-from tests.browser import chromium, require_chromium, show_trace
-from tests.client import LoadLoop
-from tests.conftest import demo_fleet_spec, start_fleet
+import grpc
+import yaml
+
+from bench.browser import chromium, missing, show_trace
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.launcher import DEMO_FLEET, Fleet
+from common.routing import CLIENT_GEO
+from common.v2 import generate_request
 
 ROOT = Path(__file__).resolve().parent.parent
 # (client location, closed-loop clients): New York keeps us-east busiest.
 CLIENTS = (("40.71,-74.01", 56), ("53.35,-6.26", 28), ("1.35,103.82", 10))
+
+
+def demo_spec() -> dict[str, Any]:
+    """The demo fleet in real time, off `make up`'s fixed ports, without API keys."""
+    spec: dict[str, Any] = yaml.safe_load(DEMO_FLEET.read_text())
+    spec["global"]["listen"] = spec["global"]["ops_listen"] = "127.0.0.1:0"
+    spec["time_scale"] = 1.0
+    spec["auth"] = {"enabled": False, "tenants": []}
+    return spec
+
+
+@contextmanager
+def closed_loop(address: str, geo: str, clients: int, max_tokens: int) -> Iterator[None]:
+    """``clients`` threads each sending one request from ``geo`` after another."""
+    stop = threading.Event()
+
+    def client() -> None:
+        with grpc.insecure_channel(address) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            request = generate_request("demo-llm", "screenshot", max_tokens)
+            while not stop.is_set():
+                try:
+                    stub.ModelInfer(request, metadata=((CLIENT_GEO, geo),), timeout=30)
+                except grpc.RpcError:
+                    time.sleep(0.1)  # shed or failed: it shows on the dashboard
+
+    threads = [threading.Thread(target=client, daemon=True) for _ in range(clients)]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(35)
 
 
 def main() -> None:
@@ -31,25 +74,17 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=45.0, help="seconds of load first")
     parser.add_argument("--max-tokens", type=int, default=96)
     args = parser.parse_args()
-    try:
-        require_chromium()
-    except BaseException as exc:  # pytest's skip outside pytest
-        raise SystemExit(str(exc)) from None
-    spec = demo_fleet_spec()
-    spec["time_scale"] = 1.0
+    absent = missing()
+    if absent:
+        raise SystemExit(f"needs {', '.join(absent)}; `make browser` installs it")
     with tempfile.TemporaryDirectory(prefix="meridian-shot-") as tmp, ExitStack() as stack:
-        fleet = start_fleet(Path(tmp), spec)
+        config = Path(tmp) / "fleet.yaml"
+        config.write_text(yaml.safe_dump(demo_spec()))
+        fleet = Fleet(config, Path(tmp) / "run")
         stack.callback(fleet.stop)
+        fleet.start(timeout_s=90)
         for geo, clients in CLIENTS:
-            stack.enter_context(
-                LoadLoop(
-                    fleet.global_address,
-                    [("x-meridian-client-geo", geo)],
-                    clients=clients,
-                    max_requests=10**9,
-                    max_tokens=args.max_tokens,
-                )
-            )
+            stack.enter_context(closed_loop(fleet.global_address, geo, clients, args.max_tokens))
         time.sleep(args.warmup)
         ops = fleet.topology.global_tier.ops
         assert ops is not None

@@ -9,20 +9,19 @@ instead of hooking the request path means the request path stays untouched and
 a second costs one pass over a few label sets.
 
 The ring keeps ``capacity`` points (five minutes); ``/api/series`` serves it and
-the dashboard and ``meridian top`` draw it.
+the dashboard and ``meridian top`` draw it. Rates divide by the time between reads
+on the monotonic ``clock``; only a point's timestamp ``t`` is wall time
+(``wall_clock``), so a clock step cannot make a rate negative or huge.
 """
 
 from __future__ import annotations
 
-import logging
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
 from common.metrics import Counter, Histogram
-
-log = logging.getLogger(__name__)
 
 SERIES_POINTS = 300
 QUANTILES = (0.5, 0.9, 0.99)
@@ -80,11 +79,13 @@ class RequestSeries:
         duration: Histogram,
         *,
         capacity: int = SERIES_POINTS,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.requests = requests
         self.duration = duration
         self.clock = clock
+        self.wall_clock = wall_clock
         self.points: deque[SeriesPoint] = deque(maxlen=capacity)
         self._last: _Totals | None = None
         self._last_t = 0.0
@@ -115,7 +116,7 @@ class RequestSeries:
         quantiles = [bucket_quantile(q, self.duration.bounds, delta) for q in QUANTILES]
         p50, p90, p99 = (None if v is None else round(v * 1000, 2) for v in quantiles)
         point = SeriesPoint(
-            t=round(now, 3),
+            t=round(self.wall_clock(), 3),
             requests=round(totals.requests - last.requests),
             errors=round(totals.errors - last.errors),
             rps=round((totals.requests - last.requests) / elapsed, 2),

@@ -124,7 +124,7 @@ def test_a_drained_gpu_and_zone() -> None:
     assert [g["state"] for g in zone["gpus"]] == ["drained", "down"]
 
 
-def test_targets_are_every_inner_tier_with_ops_reached_over_loopback() -> None:
+def test_targets_are_every_inner_tier_with_ops_a_wildcard_bind_over_loopback() -> None:
     targets = ops_targets(TOPOLOGY)
     assert [t.label for t in targets] == [
         f"regional {US.name}",

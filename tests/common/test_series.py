@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from common.metrics import Registry
+from common.metrics import Counter, Histogram, Registry
 from common.series import RequestSeries, bucket_quantile
 
 BOUNDS = (0.01, 0.1, 1.0)
@@ -35,19 +35,24 @@ def test_quantile_in_the_overflow_bucket_is_the_highest_bound() -> None:
 
 
 class Clock:
-    def __init__(self) -> None:
-        self.now = 1000.0
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
 
     def __call__(self) -> float:
         return self.now
 
 
-def test_a_point_is_the_change_over_the_last_second() -> None:
+def families() -> tuple[Counter, Histogram]:
     registry = Registry()
     requests = registry.counter("r", "", ("tier", "model", "status", "tenant"))
     duration = registry.histogram("d", "", ("tier", "model", "status"), buckets=BOUNDS)
+    return requests, duration
+
+
+def test_a_point_is_the_change_over_the_last_second() -> None:
+    requests, duration = families()
     clock = Clock()
-    series = RequestSeries(requests, duration, clock=clock)
+    series = RequestSeries(requests, duration, clock=clock, wall_clock=Clock(1.7e9))
     requests.labels("global", "m", "OK", "-").inc(5)
     assert series.sample() is None  # the first read is only a baseline
 
@@ -77,3 +82,15 @@ def test_a_point_is_the_change_over_the_last_second() -> None:
     requests.labels("global", "m", "OK", "-").inc(6)
     point = series.sample()
     assert point is not None and (point.requests, point.rps) == (6, 3)
+
+
+def test_rates_use_the_monotonic_clock_and_t_the_wall_clock() -> None:
+    requests, duration = families()
+    clock, wall = Clock(), Clock(1.7e9)
+    series = RequestSeries(requests, duration, clock=clock, wall_clock=wall)
+    series.sample()
+    clock.now += 1.0
+    wall.now -= 3600.0  # the wall clock is stepped back an hour meanwhile
+    requests.labels("global", "m", "OK", "-").inc(4)
+    point = series.sample()
+    assert point is not None and point.rps == 4 and point.t == wall.now
