@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -37,7 +38,7 @@ from aiohttp import web
 from common import telemetry as tm
 from common.config import Endpoint, Topology
 from common.ops import OpsServer
-from common.trace_view import merge_traces, recent_traces
+from common.trace_view import merge_traces, passed_through, recent_traces
 
 DASHBOARD_HTML = Path(__file__).with_name("dashboard.html")
 _WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "[::1]", "": "127.0.0.1"}
@@ -85,14 +86,17 @@ class Fetched:
 
 # Another process's answer, read field by field: a wrong type reads as unknown.
 def _number(value: Any) -> int | float | None:
-    return value if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """A finite number (JSON's NaN and Infinity would not survive the answer), or None."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return value if math.isfinite(value) else None
 
 
 def _count(value: Any) -> int:
     """A count as protobuf JSON writes it (a number, or a string for 64-bit); 0 if not."""
     try:
         return int(value) if isinstance(value, int | float | str) else 0
-    except ValueError:
+    except (ValueError, OverflowError):
         return 0
 
 
@@ -184,7 +188,7 @@ def _queue(state: Fetched | None) -> dict[str, int] | None:
     queue = (state.body or {}).get("queue") if state is not None else None
     if not isinstance(queue, dict) or any(_number(v) is None for v in queue.values()):
         return None
-    return {k: int(v) for k, v in queue.items()}
+    return {k: _count(v) for k, v in queue.items()}
 
 
 def _seen(child: Mapping[str, Any]) -> dict[str, Any]:
@@ -400,17 +404,6 @@ class FleetView:
 
 def _is_global(span: Mapping[str, Any]) -> bool:
     return bool(span.get("attributes", {}).get(tm.TIER) == "global")
-
-
-def passed_through(trace: Mapping[str, Any]) -> set[str]:
-    """The regions and zones a summarized trace names: its route and every child a
-    tier picked or tried. Were one of their tiers silent, its spans may be missing."""
-    names = {v for v in trace["route"].values() if isinstance(v, str)}
-    for span in trace["spans"]:
-        child = span["attributes"].get(tm.CHILD)
-        if isinstance(child, str):
-            names.add(child)
-    return names
 
 
 def install_fleet_view(topology: Topology, ops: OpsServer | None) -> FleetView | None:

@@ -6,7 +6,8 @@ joins them by trace id (a span seen twice is kept once) and ``summarize`` turns
 one trace into what the dashboard lists: when, how long, status, the route
 (region → zone → GPU), and for each tier the child it chose, why (the ``pick``
 span's reason), among how many candidates, and how many attempts it took; plus
-the spans themselves with offsets and depths for a timeline.
+the spans themselves with offsets and depths for a timeline. ``passed_through``
+names the regions and zones a summarized trace went through.
 
 Pure functions over the JSON ``common.ops.span_json`` writes; no I/O here. The
 other tiers' answers are read defensively: a trace or span of the wrong shape is
@@ -207,3 +208,14 @@ def recent_traces(merged: Mapping[str, list[Span]], limit: int) -> list[dict[str
         merged.items(), key=lambda item: min(s.get("start_ns") or 0 for s in item[1]), reverse=True
     )
     return [summarize(tid, spans) for tid, spans in newest[:limit] if spans]
+
+
+def passed_through(trace: Mapping[str, Any]) -> set[str]:
+    """The regions and zones a summarized trace names: its route and every child a
+    tier picked or tried. Were one of their tiers silent, its spans may be missing."""
+    names = {v for v in trace["route"].values() if isinstance(v, str)}
+    for span in trace["spans"]:
+        child = span["attributes"].get(tm.CHILD)
+        if isinstance(child, str):
+            names.add(child)
+    return names

@@ -168,9 +168,9 @@ def test_odd_fields_from_a_tier_read_as_unknown_not_as_a_crash() -> None:
             {
                 "children": [
                     child(gpu0, slots="many", outstanding_requests=None, reported=[1, 2]),
-                    child(gpu1, hardware=5, weight="heavy", last_error=["x"]),
+                    child(gpu1, hardware=5, weight=float("nan"), last_error=["x"]),
                 ],
-                "queue": {"standard": "lots"},
+                "queue": {"standard": float("inf")},
             }
         ),
     }

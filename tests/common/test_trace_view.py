@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from common import telemetry as tm
-from common.trace_view import merge_traces, recent_traces, summarize
+from common.trace_view import merge_traces, passed_through, recent_traces, summarize
 
 TRACE = "ab" * 16
 MS = 1_000_000
@@ -114,3 +114,33 @@ def test_newest_first_and_limited() -> None:
         for i in range(5)
     }
     assert [t["trace_id"] for t in recent_traces(traces, 2)] == [f"{4:032x}", f"{3:032x}"]
+
+
+def test_passed_through_names_the_route_and_every_child_tried() -> None:
+    (summary,) = recent_traces(merge_traces(one_request()), 1)
+    assert passed_through(summary) == {"eu", "eu-1a", "eu-1b", "eu-1a-gpu0"}
+
+
+def test_what_is_not_a_trace_or_a_span_is_skipped() -> None:
+    glob, regional, local = one_request()
+    odd = {
+        "traces": [
+            "not a trace",
+            {"trace_id": 7, "spans": []},
+            {"trace_id": TRACE, "spans": "not a list"},
+            {
+                "trace_id": TRACE,
+                "spans": [
+                    None,
+                    {"span_id": ["x"], "start_ns": "soon", "attributes": {tm.TIER: 3}},
+                ],
+            },
+        ]
+    }
+    merged = merge_traces([glob, regional, local, ("local eu-1b", odd)])
+    spans = merged[TRACE]
+    assert len(spans) == 12  # the eleven, and the odd span with its odd fields unknown
+    (weird,) = [s for s in spans if s["source"] == "local eu-1b"]
+    assert (weird["span_id"], weird["start_ns"], weird["attributes"]) == (None, None, {})
+    (summary,) = recent_traces(merged, 1)
+    assert summary["tiers"] == ["global", "regional", "local"]
