@@ -314,6 +314,12 @@ def test_page_draws_what_answered_and_says_what_did_not() -> None:
         assert tiers == set(ALL_TIERS)
         assert len(driver.find_elements("css selector", "#timeline .span-row")) > partial_rows
         wait_for(driver, "#status[data-state='live']")
+        # Then nothing answers: the page keeps what it drew and says since when.
+        for path in ("/api/fleet", "/api/series"):
+            site.answers[path] = (503, {"error": "gone"})
+        (status,) = wait_for(driver, "#status[data-state='stale']")
+        assert status.text.startswith("no answer for ") and "HTTP 503" in status.text
+        assert len(driver.find_elements("css selector", "#fleet .gpu[data-state]")) == 2
 
 
 def test_page_says_no_answer_when_nothing_ever_answers() -> None:
