@@ -329,7 +329,7 @@ class AdminService(apb_grpc.AdminServicer):
         self.topology = topology
         self.index = subtree_index(topology, self.tier, self.name)
         if self.guard is not None:
-            self.guard.take_admin_keys(topology.auth)
+            report.not_applied.extend(self.guard.take_admin_keys(topology.auth))
         self.on_reloaded()
         return report
 

@@ -129,9 +129,16 @@ class AdminGuard:
         self.tenants = {d: t.id for t in auth.tenants for d in t.key_hashes}
         self.admin = auth.admin_key_hashes
 
-    def take_admin_keys(self, auth: AuthConfig) -> None:
-        """A reloaded topology: its admin keys replace the old ones."""
-        self.admin = auth.admin_key_hashes
+    def take_admin_keys(self, auth: AuthConfig) -> list[str]:
+        """A reloaded topology: its admin keys replace the old ones, except any that is
+        the key of a tenant this guard still knows (tenants change only at restart).
+        Returns what was refused, for the reload's reply."""
+        clash = auth.admin_key_hashes & self.tenants.keys()
+        self.admin = auth.admin_key_hashes - clash
+        return [
+            f"auth.admin_keys: a key of tenant {self.tenants[d]!r}, still valid until restart"
+            for d in sorted(clash)
+        ]
 
     @property
     def open(self) -> bool:

@@ -17,6 +17,7 @@ fail the merge.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -48,8 +49,10 @@ def clean_span(raw: Any, source: str) -> Span | None:
     attributes = {
         str(k): v if isinstance(v, str | int | float | bool) else str(v)
         for k, v in (attributes.items() if isinstance(attributes, dict) else ())
+        # NaN and infinities would make the answer invalid JSON for the page.
+        if not (isinstance(v, float) and not math.isfinite(v))
     }
-    if not isinstance(attributes.get(tm.TIER, ""), str):
+    if not isinstance(attributes.get(tm.TIER, ""), str) or attributes.get(tm.TIER) == "":
         del attributes[tm.TIER]
     return {
         "name": _text(raw.get("name")) or "",

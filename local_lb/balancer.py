@@ -46,7 +46,15 @@ from local_lb.cost import (
     rate_sample,
     request_work,
 )
-from local_lb.queue import CentralQueue, QueueFull, QueueRejected, QueueTimeout, QueueUnserved
+from local_lb.queue import (
+    CentralQueue,
+    QueueFull,
+    QueueRejected,
+    QueueTimeout,
+    QueueUnserved,
+    queue_key,
+    split_key,
+)
 from local_lb.state import GpuChild, LocalView
 from local_lb.tenancy import TenantHeadroom
 
@@ -162,7 +170,8 @@ class LocalBalancer:
         """Late binding: wait for the first slot any serving GPU frees."""
         drain_rps = self._drain_rps(serving)
         service_s = self.expected_service_s(max(1.0, pick.work_tokens))
-        expected = self.queue.expected_wait_s(pick.priority, pick.model, drain_rps, pick.tenant)
+        key = queue_key(pick.model, pick.version)
+        expected = self.queue.expected_wait_s(pick.priority, key, drain_rps, pick.tenant)
         # Shed at once what could not finish in time anyway: a slot given to it would
         # be GPU work wasted (and a prefill stall for everyone in its batch).
         if timeout is not None and expected + service_s > timeout:
@@ -178,7 +187,7 @@ class LocalBalancer:
         deadline = now + (self.max_queue_wait_s if timeout is None else timeout)
         try:
             ticket = self.queue.enqueue(
-                model=pick.model,
+                model=key,
                 tenant=pick.tenant or ANONYMOUS,
                 priority=pick.priority,
                 cost_tokens=max(1.0, pick.work_tokens),
@@ -284,9 +293,10 @@ class LocalBalancer:
                 self.children.mark_failed(gpu, f"UNAVAILABLE: {outcome.detail}")
 
     def _granted_slot_abandoned(self, name: str) -> None:
-        """A waiter was cancelled after the queue granted it a slot: free the slot."""
+        """A waiter was cancelled after the queue granted it a slot: free the slot
+        and offer it again (if the GPU is still usable)."""
         gpu = self.view.by_name.get(name)
-        if gpu is None:  # removed by a reload meanwhile; its accounting went with it
+        if gpu is None:  # cannot happen: a GPU leaves only once nothing is in flight on it
             return
         self._unreserve(gpu)
         self._hand_off(gpu)
@@ -317,9 +327,11 @@ class LocalBalancer:
 
     def _hand_off(self, gpu: GpuChild) -> None:
         """Give the GPU's free slots to queued requests, best first."""
-        while len(self.queue) and gpu.usable and gpu.free_slots > 0:
-            if not self.queue.offer(gpu.name, gpu.models):
-                return
+        if not (len(self.queue) and gpu.usable and gpu.free_slots > 0):
+            return
+        # The queue keys (model, or model@version) this GPU can serve.
+        keys = frozenset(k for k in self.queue.waiting_models() if gpu.serves(*split_key(k)))
+        while gpu.free_slots > 0 and self.queue.offer(gpu.name, keys):
             self._reserve(gpu)
 
     @property
@@ -378,8 +390,7 @@ class LocalBalancer:
         """Queued requests for a model no usable GPU serves any more (down, ejected,
         drained) fail now with UNAVAILABLE, so the tier above can fail them over,
         instead of waiting out their deadline."""
-        for model in self.queue.waiting_models() if len(self.queue) else ():
-            serving = self.view.serving(model)
-            if not any(g.usable for g in serving):
-                reason = self.children.nothing_healthy(model, ())
-                self.queue.fail_model(model, reason)
+        for key in self.queue.waiting_models() if len(self.queue) else ():
+            model, version = split_key(key)
+            if not any(g.usable for g in self.view.serving(model, version)):
+                self.queue.fail_model(key, self.children.nothing_healthy(model, ()))

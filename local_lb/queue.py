@@ -7,6 +7,9 @@ calls ``offer`` synchronously when a GPU frees a slot (or becomes routable)::
                            cost_tokens=120, deadline=now + 2.0)
     gpu_name = await ticket.wait()      # QueueTimeout / QueueRejected; cancel to withdraw
     handed = queue.offer("g3", frozenset({"m"}))   # True: a waiter took the slot
+
+``model`` is a ``queue_key``: ``"m"`` for any version, ``"m@2"`` for one; the
+slot side offers the keys its GPU serves.
 """
 
 from __future__ import annotations
@@ -23,6 +26,17 @@ from functools import partial
 
 PRIORITIES: tuple[str, ...] = ("critical", "standard", "sheddable")
 _RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
+
+
+def queue_key(model: str, version: str = "") -> str:
+    """What a request waits for: its model, and the version when it asks for one."""
+    return f"{model}@{version}" if version else model
+
+
+def split_key(key: str) -> tuple[str, str]:
+    """(model, version) of a ``queue_key``; version "" when any will do."""
+    model, _, version = key.partition("@")
+    return model, version
 
 
 class QueueError(Exception):
@@ -67,7 +81,7 @@ class QueuedRequest:
     _queue: CentralQueue | None = field(default=None, init=False, repr=False)
     _lane: _Lane | None = field(default=None, init=False, repr=False)
     _timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
-    _grant: tuple[str, frozenset[str]] | None = field(default=None, init=False, repr=False)
+    _grant: str | None = field(default=None, init=False, repr=False)
 
     async def wait(self) -> str:
         """The name of the GPU whose slot this request now holds.
@@ -152,8 +166,8 @@ class CentralQueue:
     settled entries linger in lanes until they reach an end or are compacted.
 
     Failure modes. A waiter cancelled in the same loop turn as its grant cannot
-    take the slot: it is re-offered, else passed to ``release`` — the balancer
-    must free it there. Such a tenant stays charged for the lost grant. Counters
+    take the slot: it goes back through ``release`` — the balancer frees it there
+    and offers it again. Such a tenant stays charged for the lost grant. Counters
     and weights are kept for every tenant ever seen (one float each).
     """
 
@@ -254,7 +268,7 @@ class CentralQueue:
             entry = self._lanes[(rank, model, tenant)].first()
             assert entry is not None  # _top just returned it as the live head
             entry.future.set_result(gpu_name)
-            entry._grant = (gpu_name, models)
+            entry._grant = gpu_name
             self._settle(entry, charge=True)
             return True
         return False
@@ -263,13 +277,13 @@ class CentralQueue:
         return self._live
 
     def waiting_models(self) -> set[str]:
-        """Models with live entries, any class."""
+        """Queue keys (``queue_key``) with live entries, any class."""
         return {model for _, model in self._live_by_model}
 
     def fail_model(self, model: str, reason: str) -> int:
         """Fail every live entry waiting for ``model`` with QueueUnserved(reason): nothing
         here can serve it any more, so its waiters should go elsewhere now rather than
-        at their deadline. Returns how many failed. O(entries of that model)."""
+        at their deadline. Returns how many failed. O(lanes + entries of that model)."""
         failed = 0
         for (_, lane_model, _), lane in list(self._lanes.items()):
             if lane_model != model:
@@ -290,8 +304,8 @@ class CentralQueue:
         return {name: self._live_by_class[rank] for rank, name in enumerate(PRIORITIES)}
 
     def depth_for_model(self, model: str) -> int:
-        """Live entries waiting for ``model``, all priorities."""
-        return sum(self._live_by_model.get((r, model), 0) for r in range(len(PRIORITIES)))
+        """Live entries waiting for ``model``, any version, all priorities. O(keys)."""
+        return sum(n for (_, key), n in self._live_by_model.items() if split_key(key)[0] == model)
 
     def oldest_wait_s(self, now: float) -> float:
         """How long the oldest waiting entry has waited (0.0 when nothing waits)."""
@@ -470,10 +484,11 @@ class CentralQueue:
         """The waiter was cancelled: drop its entry, and pass on a slot it never took."""
         self._settle(entry, charge=False)
         if entry._grant is not None:
-            gpu_name, models = entry._grant
+            gpu_name = entry._grant
             entry._grant = None
-            if not self.offer(gpu_name, models):
-                self._release(gpu_name)
+            # Back through the owner of the slot, which checks the GPU is still usable
+            # (not drained or ejected meanwhile) before offering it again.
+            self._release(gpu_name)
 
     def _settle(self, entry: QueuedRequest, *, charge: bool) -> None:
         """Take a granted, failed or cancelled entry out of every live count, once."""

@@ -334,3 +334,31 @@ def test_cli_reload_exits_1_when_a_tier_reports_an_error(
         server.stop(None)
     out = capsys.readouterr().out
     assert "global: no change" in out and "regional r: ERROR DEADLINE_EXCEEDED" in out
+
+
+async def test_reload_never_makes_a_still_valid_tenant_key_an_admin_key() -> None:
+    tenant = TenantConfig(id="acme", key_hashes=frozenset({hash_key("mk_tenant")}))
+    on = dataclasses.replace(
+        topology(),
+        auth=AuthConfig(
+            enabled=True, tenants=(tenant,), admin_key_hashes=frozenset({hash_key("mk_admin")})
+        ),
+    )
+    # The new file drops acme and lists its key as an admin key: acme's key stays a
+    # tenant key until restart, so it must not open the Admin API meanwhile.
+    sneaky = dataclasses.replace(
+        on,
+        auth=AuthConfig(
+            enabled=True,
+            tenants=(),
+            admin_key_hashes=frozenset({hash_key("mk_tenant"), hash_key("mk_admin")}),
+        ),
+    )
+    service = admin_service(on, sneaky, AdminGuard(on.auth))
+    report = await service._reload_self()
+    assert any("a key of tenant 'acme'" in line for line in report.not_applied)
+    assert service.guard is not None
+    with pytest.raises(RouteError) as err:
+        service.guard.check(bearer("mk_tenant"))
+    assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
+    service.guard.check(bearer("mk_admin"))

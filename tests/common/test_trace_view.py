@@ -144,3 +144,19 @@ def test_what_is_not_a_trace_or_a_span_is_skipped() -> None:
     assert (weird["span_id"], weird["start_ns"], weird["attributes"]) == (None, None, {})
     (summary,) = recent_traces(merged, 1)
     assert summary["tiers"] == ["global", "regional", "local"]
+
+
+def test_non_finite_numbers_and_an_empty_tier_are_dropped() -> None:
+    odd = {
+        "traces": [
+            {
+                "trace_id": TRACE,
+                "spans": [
+                    span("aa", None, "ModelInfer", 0, 1, **{tm.TIER: "", "x": float("nan")}),
+                    span("bb", "aa", "pick", 0, 1, y=float("inf"), z=1.5),
+                ],
+            }
+        ]
+    }
+    spans = merge_traces([("global", odd)])[TRACE]
+    assert [s["attributes"] for s in spans] == [{}, {"z": 1.5}]

@@ -266,3 +266,38 @@ async def test_slots_on_an_unusable_gpu_do_not_count_as_taken_headroom() -> None
     assert not waiter.done() and len(bal.queue) == 1  # the last free slot is the reserve
     waiter.cancel()
     await asyncio.gather(waiter, return_exceptions=True)
+
+
+async def test_a_queued_request_waits_for_a_gpu_serving_its_version() -> None:
+    bal = make(n=2, slots=1, versions={M: frozenset({"1"})})
+    bal.view.by_name["g1"].versions = {M: frozenset({"2"})}
+    bal.view._serving.clear()
+    v1 = await bal.acquire(pick(version="1"), (), None)
+    await bal.acquire(pick(version="2"), (), None)
+    waiter = asyncio.create_task(bal.acquire(pick(version="2"), (), 5.0))
+    await asyncio.sleep(0)
+    bal.release(v1, ok())  # g0 frees a slot, but it serves version 1 only
+    await asyncio.sleep(0)
+    assert not waiter.done() and bal.view.by_name["g0"].outstanding_requests == 0
+    waiter.cancel()
+    await asyncio.gather(waiter, return_exceptions=True)
+
+
+async def test_a_grant_lost_to_cancellation_is_not_passed_on_by_a_drained_gpu() -> None:
+    bal = make(n=2, slots=1)
+    held = [await bal.acquire(pick(), (), None) for _ in range(2)]
+    first = asyncio.create_task(bal.acquire(pick(), (), 5.0))
+    second = asyncio.create_task(bal.acquire(pick(), (), 5.0))
+    await asyncio.sleep(0)
+    on_g0 = next(lease for lease in held if lease.child.name == "g0")
+    bal.release(on_g0, ok())  # g0's slot is granted to the first waiter...
+    g0 = bal.view.by_name["g0"]
+    bal.children.set_drained(g0, True)  # ...g0 is drained...
+    first.cancel()  # ...and the first waiter is cancelled before it resumes
+    await asyncio.sleep(0.01)
+    assert not second.done() and g0.outstanding_requests == 0
+    on_g1 = next(lease for lease in held if lease.child.name == "g1")
+    bal.release(on_g1, ok())
+    lease = await asyncio.wait_for(second, 1)
+    assert lease.child.name == "g1"
+    await asyncio.gather(first, return_exceptions=True)
