@@ -26,6 +26,7 @@ from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
 from common.geo import GeoPoint
 from common.grpc_server import CHANNEL_OPTIONS, V2_SERVICE
+from common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -169,12 +170,7 @@ class ChildSet:
                 self._start_watch(child)
 
     async def stop(self) -> None:
-        tasks = [*self._tasks, *self._watches.values(), *self._retiring]
-        for task in tasks:
-            task.cancel()
-        for task in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait([*self._tasks, *self._watches.values(), *self._retiring])
         for channel in self._channels:
             await channel.close()
 

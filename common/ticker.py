@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable
+
+from common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -23,9 +24,7 @@ class Ticker:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await cancel_and_wait([self._task])
             self._task = None
 
     async def _run(self) -> None:

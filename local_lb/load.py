@@ -31,6 +31,7 @@ from common.config import GpuConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.grpc_server import CHANNEL_OPTIONS, V2_SERVICE
+from common.tasks import cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -304,7 +305,7 @@ class BackendMonitor:
         )
 
     async def _close_backends(self) -> None:
-        await _cancel_all(list(self._tasks.values()))
+        await cancel_and_wait(self._tasks.values())
         for channel in self._channels.values():
             await channel.close()
 
@@ -319,7 +320,7 @@ class BackendMonitor:
         """Stop watching a GPU a reloaded topology removed; no callback follows."""
         task = self._tasks.pop(name, None)
         if task is not None:
-            await _cancel_all([task])
+            await cancel_and_wait([task])
         channel = self._channels.pop(name, None)
         if channel is not None:
             await channel.close()
@@ -445,9 +446,3 @@ async def _logged(step: Awaitable[None], name: str) -> None:
         await step
     except Exception:
         log.exception("load monitor poll of GPU %s failed", name)
-
-
-async def _cancel_all(tasks: list[asyncio.Task[None]]) -> None:
-    for task in tasks:
-        task.cancel()
-    await asyncio.gather(*tasks, return_exceptions=True)
