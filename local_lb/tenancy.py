@@ -17,8 +17,9 @@ GPU) does not start to look heavy and lose its protection just when it needs it.
 A tenant is active while it holds a slot and for ``window_s`` after its last
 request. The classification is kept for ``reclassify_s`` (50 ms), so deciding
 costs O(1) per request, not O(tenants). A heavy tenant may always take one slot
-of an idle zone, however small. Requests held back get a freed slot at the next
-release in the zone or the tier's refresh tick (``health_interval_s`` / 2).
+of an idle zone, however small. Requests held back are reconsidered at the next
+release on a GPU serving their model, or at the tier's refresh tick
+(``health_interval_s`` / 2).
 """
 
 from __future__ import annotations
