@@ -44,6 +44,10 @@ class AuthConfig:
     # SHA-256 digests of the keys that may call the Admin API at the global tier.
     admin_key_hashes: frozenset[str] = frozenset()
 
+    @property
+    def tenant_ids(self) -> frozenset[str]:
+        return frozenset(t.id for t in self.tenants)
+
     def tenant(self, tenant_id: str) -> TenantConfig | None:
         for tenant in self.tenants:
             if tenant.id == tenant_id:

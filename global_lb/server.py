@@ -106,7 +106,7 @@ def build_global_tier(
         limits=topology.limits,
         ops=topology.global_tier.ops,
         name="global",
-        tenants=frozenset(t.id for t in topology.auth.tenants),
+        tenants=topology.auth.tenant_ids,
         telemetry=setup_tracing("meridian-global"),
         admin=admin,
     )

@@ -40,6 +40,7 @@ from common.resilience import (
     SlowStartConfig,
 )
 from local_lb.cost import (
+    drain_rps,
     ewma,
     expected_completion_s,
     outstanding_work,
@@ -168,10 +169,10 @@ class LocalBalancer:
         self, pick: PickRequest, serving: tuple[GpuChild, ...], timeout: float | None
     ) -> GpuChild:
         """Late binding: wait for the first slot any serving GPU frees."""
-        drain_rps = self._drain_rps(serving)
+        drain = max(drain_rps(serving), 1e-3)
         service_s = self.expected_service_s(max(1.0, pick.work_tokens))
         key = queue_key(pick.model, pick.version)
-        expected = self.queue.expected_wait_s(pick.priority, key, drain_rps, pick.tenant)
+        expected = self.queue.expected_wait_s(pick.priority, key, drain, pick.tenant)
         # Shed at once what could not finish in time anyway: a slot given to it would
         # be GPU work wasted (and a prefill stall for everyone in its batch).
         if timeout is not None and expected + service_s > timeout:
@@ -243,11 +244,6 @@ class LocalBalancer:
             policy=self.policy_name,
         )
         return lease
-
-    def _drain_rps(self, serving: tuple[GpuChild, ...]) -> float:
-        """Requests per second the serving GPUs finish (slots over latency)."""
-        rate = sum(g.slots / (g.latency_ewma_s or 1.0) for g in serving if g.usable)
-        return max(rate, 1e-3)
 
     def expected_service_s(self, work: float) -> float:
         """How long a request of ``work`` tokens typically takes on a GPU here: the

@@ -8,6 +8,12 @@ and a prompt token already in the GPU's prefix cache is free.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from local_lb.state import GpuChild
+
 PREFILL_WEIGHT = 0.05
 # EWMA weight of a new service-rate observation.
 RATE_EWMA_ALPHA = 0.2
@@ -51,6 +57,12 @@ def expected_completion_s(work_ahead: float, work: float, rate: float, share: fl
     proportionally slower so it receives proportionally less.
     """
     return (work_ahead + work) / (rate * share)
+
+
+def drain_rps(gpus: Iterable[GpuChild]) -> float:
+    """Requests per second the usable ones among ``gpus`` finish: slots over latency
+    (1 s until a latency has been learned)."""
+    return sum(g.slots / (g.latency_ewma_s or 1.0) for g in gpus if g.usable)
 
 
 def ewma(previous: float, sample: float, alpha: float = RATE_EWMA_ALPHA) -> float:

@@ -24,6 +24,7 @@ from common.tier import TierServer, source_id
 from common.tls import tier_server_credentials
 from local_lb.admin import LocalAdmin, local_admin
 from local_lb.balancer import LocalBalancer
+from local_lb.cost import drain_rps
 from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.policies import make_picker
 from local_lb.queue import CentralQueue
@@ -77,11 +78,9 @@ def zone_summary(
         if entry.total_slots:
             entry.utilisation = busy.get(model, 0) / entry.total_slots
             entry.kv_cache_usage /= entry.total_slots
-        drain_rps = sum(
-            g.slots / (g.latency_ewma_s or 1.0) for g in view.by_model.get(model, ()) if g.usable
-        )
-        if entry.queued_requests and drain_rps:
-            entry.estimated_wait_s = entry.queued_requests / drain_rps
+        drain = drain_rps(view.by_model.get(model, ()))
+        if entry.queued_requests and drain:
+            entry.estimated_wait_s = entry.queued_requests / drain
     return capacity_pb2.CapacitySummary(
         source_id=source,
         sequence=sequence,
@@ -223,7 +222,7 @@ def build_local_tier(
         limits=topology.limits,
         ops=zone_cfg.ops,
         name=zone,
-        tenants=frozenset(t.id for t in topology.auth.tenants),
+        tenants=topology.auth.tenant_ids,
         telemetry=setup_tracing("meridian-local"),
         admin=local_admin(hooks, topology, reload_from),
     )

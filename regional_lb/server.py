@@ -144,7 +144,7 @@ def build_regional_tier(
         limits=topology.limits,
         ops=region_cfg.ops,
         name=region,
-        tenants=frozenset(t.id for t in topology.auth.tenants),
+        tenants=topology.auth.tenant_ids,
         telemetry=setup_tracing("meridian-regional"),
         admin=admin,
     )
