@@ -151,7 +151,6 @@ class LocalAdmin:
         and (``new_set``: GPUs came or went) the picker, whose session ring is
         built over the set."""
         self.view.set_gpus(gpus)
-        self.balancer.total_slots = sum(g.slots for g in gpus)
         self.balancer.outlier.set_total(len(gpus))
         if new_set:
             self.balancer.picker = make_picker(self.policy, self.view, self.rng)

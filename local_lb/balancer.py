@@ -91,7 +91,6 @@ class LocalBalancer:
             on_change=self._ejection_changed,
         )
         self.slow_start = SlowStart(self.slow_start_config, clock=self.clock)
-        self.total_slots = sum(g.slots for g in self.view.gpus)
         self._recount()
         self.tenants = TenantHeadroom(
             self.tenant_headroom, weight=self.queue.weight, clock=self.clock
@@ -336,7 +335,9 @@ class LocalBalancer:
         return self.usable_slots - self._usable_inflight
 
     def _recount(self) -> None:
-        """Re-derive the usable slot totals; after any change of a GPU's usability."""
+        """Re-derive the slot totals; after any change of a GPU's usability or of the
+        GPU set (a reload calls ``refresh_all``)."""
+        self.total_slots = sum(g.slots for g in self.view.gpus)
         usable = [g for g in self.view.gpus if g.usable]
         self.usable_slots = sum(g.slots for g in usable)
         self._usable_inflight = sum(g.outstanding_requests for g in usable)
