@@ -21,7 +21,7 @@ test: $(STAMP)
 
 # Regenerates common/gen from proto/ (tests fail when the two disagree).
 proto: $(STAMP)
-	$(PY) -m common.protogen
+	$(PY) -m cli.protogen
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -49,20 +49,20 @@ import redis.asyncio as aioredis
 import yaml
 
 from bench.report import machine, pct, revision
-from common.capacity import (
+from cli.launcher import DEMO_FLEET, Fleet, tier_ready
+from common.basics.redis_embed import EmbeddedRedis
+from common.capacity.streams import (
     SUMMARY_FIELD,
     CapacityPublisher,
     CapacityReader,
-    aggregate,
     region_stream,
     zone_stream,
 )
+from common.capacity.summary import aggregate
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
-from common.launcher import DEMO_FLEET, Fleet, tier_ready
-from common.redis_embed import EmbeddedRedis
-from common.routing import CLIENT_GEO, ROUTE, trailer
-from common.v2 import generate_request
+from common.request.routing import CLIENT_GEO, ROUTE, trailer
+from common.request.v2 import generate_request
 
 MODEL = "demo-llm"
 RESULTS = Path(__file__).resolve().parent / "results"

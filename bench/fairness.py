@@ -50,12 +50,12 @@ from typing import Any
 import grpc
 
 from bench.report import machine, pct, revision
-from common.config import Topology, topology_from_mapping
+from common.basics.redis_embed import EmbeddedRedis
+from common.config.topology import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.redis_embed import EmbeddedRedis
-from common.routing import PRIORITY, TENANT
-from common.tier import TierServer
-from common.v2 import generate_request
+from common.request.routing import PRIORITY, TENANT
+from common.request.v2 import generate_request
+from common.tier.server import TierServer
 from local_lb.queue import CentralQueue, QueuedRequest
 from local_lb.server import build_local_tier
 from sim.engine import DECODE_STEP_BASE_S, DECODE_STEP_PER_SEQ_S, PREFILL_S_PER_TOKEN

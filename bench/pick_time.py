@@ -24,9 +24,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.report import machine
-from common.config import HARDWARE_SPEED, Endpoint
-from common.pick import PickRequest
-from common.prefix import BLOCK_TOKENS
+from common.config.node import Endpoint
+from common.config.topology import HARDWARE_SPEED
+from common.request.pick import PickRequest
+from common.request.prefix import BLOCK_TOKENS
 from local_lb.load import LoadSample
 from local_lb.policies import make_picker
 from local_lb.state import GpuChild, LocalView

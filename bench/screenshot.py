@@ -23,10 +23,10 @@ import grpc
 import yaml
 
 from bench.browser import chromium, missing, show_trace
+from cli.launcher import DEMO_FLEET, Fleet
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.launcher import DEMO_FLEET, Fleet
-from common.routing import CLIENT_GEO
-from common.v2 import generate_request
+from common.request.routing import CLIENT_GEO
+from common.request.v2 import generate_request
 
 ROOT = Path(__file__).resolve().parent.parent
 # (client location, closed-loop clients): New York keeps us-east busiest.

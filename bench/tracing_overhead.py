@@ -32,11 +32,11 @@ from typing import Any
 import grpc
 from opentelemetry import trace
 
-from common.config import topology_from_mapping
+from common.basics.redis_embed import EmbeddedRedis
+from common.config.topology import topology_from_mapping
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.redis_embed import EmbeddedRedis
-from common.telemetry import Telemetry, setup_tracing
-from common.v2 import generate_request
+from common.observability.tracing import Telemetry, setup_tracing
+from common.request.v2 import generate_request
 from local_lb.server import build_local_tier
 from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers

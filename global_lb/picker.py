@@ -32,10 +32,10 @@ import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from common.children import Child
-from common.geo import GeoPoint, rtt_estimate_ms
-from common.pick import PickRequest
-from common.resilience import SlowStartConfig, ramp_factor
+from common.basics.geo import GeoPoint, rtt_estimate_ms
+from common.request.children import Child
+from common.request.pick import PickRequest
+from common.request.resilience import SlowStartConfig, ramp_factor
 
 OVERPROVISIONING = 1.4
 PANIC_THRESHOLD = 0.5

@@ -4,22 +4,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from common.admin import upper_tier_admin
-from common.admission import edge_admission
-from common.auth import AdminGuard
-from common.balancer import RankingBalancer
-from common.capacity import CapacityReader, region_stream
-from common.children import Child, ChildSet
-from common.config import Topology
-from common.errors import RouteError
-from common.fleet_view import install_fleet_view
-from common.geo import GeoPoint
-from common.proxy import TierSpec
-from common.resilience import SlowStartConfig
-from common.routing import CLIENT_REGION, RouteHints
-from common.telemetry import setup_tracing
-from common.tier import TierServer
-from common.tls import tier_channel_credentials, tier_server_credentials
+from common.basics.errors import RouteError
+from common.basics.geo import GeoPoint
+from common.capacity.streams import CapacityReader, region_stream
+from common.config.tls import tier_channel_credentials, tier_server_credentials
+from common.config.topology import Topology
+from common.observability.tracing import setup_tracing
+from common.operations.admin import upper_tier_admin
+from common.operations.fleet_view import install_fleet_view
+from common.request.balancer import RankingBalancer
+from common.request.children import Child, ChildSet
+from common.request.proxy import TierSpec
+from common.request.resilience import SlowStartConfig
+from common.request.routing import CLIENT_REGION, RouteHints
+from common.tenancy.admission import edge_admission
+from common.tenancy.auth import AdminGuard
+from common.tier.server import TierServer
 from global_lb.picker import RegionPicker
 
 

@@ -10,7 +10,7 @@ drained, and once its requests have ended it is forgotten everywhere (monitor,
 outlier detector, circuit breaker, slow start, load reports, prefix index).
 A kept GPU takes over changed models, speed, ``max_concurrency``, hardware,
 versions and metrics endpoint (the monitor checks the new models and scrapes
-the new endpoint); an address change is not applied (``common.reload``).
+the new endpoint); an address change is not applied (``common.operations.reload``).
 """
 
 from __future__ import annotations
@@ -21,11 +21,12 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from common.admin import AdminService, TierHooks
-from common.children import Child, ChildSet
-from common.config import ConfigError, GpuConfig, Topology
+from common.config.node import ConfigError
+from common.config.topology import GpuConfig, Topology
 from common.gen.meridian.v1 import admin_pb2 as apb
-from common.reload import reload_children
+from common.operations.admin import AdminService, TierHooks
+from common.operations.reload import reload_children
+from common.request.children import Child, ChildSet
 from local_lb.balancer import LocalBalancer
 from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.policies import make_picker

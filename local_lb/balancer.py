@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 
 import grpc
 
-from common.balancer import Lease, Outcome
-from common.capacity import utilisation_band
-from common.children import Child, ChildSet
-from common.errors import RouteError
-from common.pick import Picker, PickRequest
-from common.prefix import BLOCK_TOKENS
-from common.resilience import (
+from common.basics.errors import RouteError
+from common.capacity.summary import utilisation_band
+from common.request.balancer import Lease, Outcome
+from common.request.children import Child, ChildSet
+from common.request.pick import Picker, PickRequest
+from common.request.prefix import BLOCK_TOKENS
+from common.request.resilience import (
     CircuitBreaker,
     OutlierConfig,
     OutlierDetector,

@@ -15,9 +15,9 @@ import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from common.children import Child
-from common.pick import PickRequest
-from common.prefix import BLOCK_TOKENS
+from common.request.children import Child
+from common.request.pick import PickRequest
+from common.request.prefix import BLOCK_TOKENS
 from local_lb.state import FreePool, GpuChild, LocalView
 
 # Candidates returned after the chosen one.

@@ -27,11 +27,11 @@ import aiohttp
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from common.config import GpuConfig
+from common.basics.tasks import cancel_and_wait
+from common.config.topology import GpuConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.grpc_server import CHANNEL_OPTIONS, V2_SERVICE
-from common.tasks import cancel_and_wait
+from common.request.server import CHANNEL_OPTIONS, V2_SERVICE
 
 log = logging.getLogger(__name__)
 

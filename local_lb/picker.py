@@ -27,9 +27,9 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from common.children import Child
-from common.pick import PickRequest
-from common.prefix import BLOCK_TOKENS
+from common.request.children import Child
+from common.request.pick import PickRequest
+from common.request.prefix import BLOCK_TOKENS
 from local_lb.cost import expected_completion_s, outstanding_work, request_work
 from local_lb.session import DEFAULT_EPSILON, BoundedLoadRing
 from local_lb.state import FreePool, GpuChild, LocalView

@@ -10,7 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Mapping
 
-from common.pick import Picker
+from common.request.pick import Picker
 from local_lb.baselines import (
     LeastConnectionsPicker,
     LeastResponseTimePicker,

@@ -9,19 +9,20 @@ from typing import Any
 
 import grpc
 
-from common.admission import inner_admission
-from common.capacity import CapacityPublisher, zone_stream
-from common.children import Child, ChildSet
-from common.config import ConfigError, GpuConfig, Topology
+from common.basics.ticker import Ticker
+from common.capacity.streams import CapacityPublisher, zone_stream
+from common.config.node import ConfigError
+from common.config.tls import tier_server_credentials
+from common.config.topology import GpuConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
-from common.ops import EjectionCounter, add_local_metrics
-from common.proxy import TierSpec
-from common.resilience import SlowStartConfig
-from common.routing import RouteHints
-from common.telemetry import setup_tracing
-from common.ticker import Ticker
-from common.tier import TierServer, source_id
-from common.tls import tier_server_credentials
+from common.observability.tier_metrics import EjectionCounter, add_local_metrics
+from common.observability.tracing import setup_tracing
+from common.request.children import Child, ChildSet
+from common.request.proxy import TierSpec
+from common.request.resilience import SlowStartConfig
+from common.request.routing import RouteHints
+from common.tenancy.admission import inner_admission
+from common.tier.server import TierServer, source_id
 from local_lb.admin import LocalAdmin, local_admin
 from local_lb.balancer import LocalBalancer
 from local_lb.cost import drain_rps

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from common.children import Child
+from common.request.children import Child
 from local_lb.load import LoadBook
 
 

@@ -21,10 +21,10 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from common.children import Child
-from common.geo import GeoPoint, great_circle_km
-from common.pick import PickRequest
-from common.resilience import SlowStartConfig, ramp_factor
+from common.basics.geo import GeoPoint, great_circle_km
+from common.request.children import Child
+from common.request.pick import PickRequest
+from common.request.resilience import SlowStartConfig, ramp_factor
 
 UNKNOWN_HEADROOM = 1.0
 

@@ -5,20 +5,22 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from common.admin import upper_tier_admin
-from common.admission import inner_admission
-from common.balancer import RankingBalancer
-from common.capacity import CapacityPublisher, CapacityReader, aggregate, region_stream, zone_stream
-from common.children import Child, ChildSet
-from common.config import ConfigError, RegionConfig, Topology
+from common.basics.geo import GeoPoint
+from common.capacity.streams import CapacityPublisher, CapacityReader, region_stream, zone_stream
+from common.capacity.summary import aggregate
+from common.config.node import ConfigError
+from common.config.tls import tier_channel_credentials, tier_server_credentials
+from common.config.topology import RegionConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
-from common.geo import GeoPoint
-from common.proxy import TierSpec
-from common.resilience import SlowStartConfig
-from common.routing import RouteHints
-from common.telemetry import setup_tracing
-from common.tier import TierServer, source_id
-from common.tls import tier_channel_credentials, tier_server_credentials
+from common.observability.tracing import setup_tracing
+from common.operations.admin import upper_tier_admin
+from common.request.balancer import RankingBalancer
+from common.request.children import Child, ChildSet
+from common.request.proxy import TierSpec
+from common.request.resilience import SlowStartConfig
+from common.request.routing import RouteHints
+from common.tenancy.admission import inner_admission
+from common.tier.server import TierServer, source_id
 from regional_lb.picker import ZonePicker
 
 

@@ -20,8 +20,8 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from common.config import GpuConfig
-from common.prefix import BLOCK_TOKENS, prompt_block_hashes
+from common.config.topology import GpuConfig
+from common.request.prefix import BLOCK_TOKENS, prompt_block_hashes
 
 PREFILL_S_PER_TOKEN = 0.0002
 DECODE_STEP_BASE_S = 0.004

@@ -14,8 +14,8 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
-from common.config import Endpoint
-from common.pick import PickRequest
+from common.config.node import Endpoint
+from common.request.pick import PickRequest
 from local_lb.cost import ewma, rate_sample, request_work
 from local_lb.policies import make_picker
 from local_lb.state import GpuChild, LocalView

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from common.redis_embed import free_port
+from common.basics.redis_embed import free_port
 
 
 def one_zone_mapping(

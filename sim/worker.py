@@ -17,12 +17,13 @@ from typing import Any
 
 from aiohttp import web
 
-from common.config import DEFAULT_VERSIONS, Endpoint, GpuConfig, ZoneConfig
-from common.errors import RouteError
+from common.basics.errors import RouteError
+from common.config.node import Endpoint
+from common.config.topology import DEFAULT_VERSIONS, GpuConfig, ZoneConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.grpc_server import V2Server
-from common.v2 import GenerateRequest, parse_generate, text_response, wants_stream
+from common.request.server import V2Server
+from common.request.v2 import GenerateRequest, parse_generate, text_response, wants_stream
 from sim.engine import EngineError, GpuEngine, RequestTooLarge
 
 SERVER_NAME = "meridian-sim-gpu"

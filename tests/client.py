@@ -9,8 +9,8 @@ import grpc
 
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.routing import ROUTE, trailer
-from common.v2 import generate_request, response_text
+from common.request.routing import ROUTE, trailer
+from common.request.v2 import generate_request, response_text
 
 
 @dataclass

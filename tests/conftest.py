@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 import yaml
 
-from common.launcher import DEMO_FLEET, Fleet
-from common.redis_embed import EmbeddedRedis
+from cli.launcher import DEMO_FLEET, Fleet
+from common.basics.redis_embed import EmbeddedRedis
 
 # Emulated GPUs run 20x faster than real time in tests.
 TEST_TIME_SCALE = 0.05

@@ -2,11 +2,11 @@
 
 from typing import Any
 
-from common.children import Child
-from common.config import Endpoint
+from common.basics.geo import GeoPoint
+from common.config.node import Endpoint
 from common.gen.meridian.v1 import capacity_pb2
-from common.geo import GeoPoint
-from common.pick import PickRequest
+from common.request.children import Child
+from common.request.pick import PickRequest
 
 MODEL = "demo-llm"
 

@@ -10,20 +10,22 @@ from concurrent import futures
 import grpc
 import pytest
 
-from common.admin import AdminService, TierHooks, subtree_index
-from common.admin_cli import admin_main
-from common.auth import AdminGuard, bearer_key, hash_key
-from common.balancer import RankingBalancer
-from common.children import Child, ChildSet
-from common.config import AuthConfig, Endpoint, TenantConfig, Topology, topology_from_mapping
-from common.errors import RouteError
+from cli.admin import admin_main
+from common.basics.errors import RouteError
+from common.basics.geo import GeoPoint
+from common.config.access import AuthConfig, TenantConfig
+from common.config.node import Endpoint
+from common.config.topology import Topology, topology_from_mapping
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
-from common.geo import GeoPoint
-from common.pick import PickRequest
-from common.proxy import TierSpec
-from common.reload import reload_children, unapplied_settings
-from common.tier import TierServer
+from common.operations.admin import AdminService, TierHooks, subtree_index
+from common.operations.reload import reload_children, unapplied_settings
+from common.request.balancer import RankingBalancer
+from common.request.children import Child, ChildSet
+from common.request.pick import PickRequest
+from common.request.proxy import TierSpec
+from common.tenancy.auth import AdminGuard, bearer_key, hash_key
+from common.tier.server import TierServer
 from global_lb.picker import RegionPicker
 from regional_lb.server import drained
 from sim.topology import one_zone_mapping

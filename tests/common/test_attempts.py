@@ -2,8 +2,8 @@
 
 import grpc
 
-from common.attempts import Attempts, Failover
-from common.errors import RETRY_AFTER_MS
+from common.basics.errors import RETRY_AFTER_MS
+from common.request.attempts import Attempts, Failover
 
 
 def failover(child: str, code: grpc.StatusCode, retry_ms: str | None = None) -> Failover:

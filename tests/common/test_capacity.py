@@ -3,18 +3,16 @@ import asyncio
 import pytest
 import redis
 
-from common.capacity import (
-    CapacityPublisher,
-    CapacityReader,
+from common.basics.redis_embed import EmbeddedRedis
+from common.capacity.streams import CapacityPublisher, CapacityReader, zone_stream
+from common.capacity.summary import (
     aggregate,
     combine_replicas,
     decode_hint,
     encode_hint,
     significant_change,
-    zone_stream,
 )
 from common.gen.meridian.v1 import capacity_pb2
-from common.redis_embed import EmbeddedRedis
 
 M = "demo-llm"
 

@@ -1,9 +1,9 @@
 """ChildSet: summaries per replica, staleness, hints, change notifications."""
 
-from common.capacity import decode_hint, encode_hint
-from common.children import Child, ChildSet
-from common.config import Endpoint
+from common.capacity.summary import decode_hint, encode_hint
+from common.config.node import Endpoint
 from common.gen.meridian.v1 import capacity_pb2
+from common.request.children import Child, ChildSet
 
 M = "demo-llm"
 

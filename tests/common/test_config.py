@@ -5,14 +5,10 @@ from typing import Any
 import pytest
 import yaml
 
-from common.auth import hash_key
-from common.config import (
-    DEFAULT_TENANT_HEADROOM,
-    ConfigError,
-    load_topology,
-    topology_from_mapping,
-)
-from common.launcher import DEMO_FLEET, generate_admin_key, generate_tenant_keys
+from cli.launcher import DEMO_FLEET, generate_admin_key, generate_tenant_keys
+from common.config.node import ConfigError
+from common.config.topology import DEFAULT_TENANT_HEADROOM, load_topology, topology_from_mapping
+from common.tenancy.auth import hash_key
 
 
 def demo() -> dict[str, Any]:

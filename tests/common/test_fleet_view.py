@@ -15,11 +15,19 @@ import pytest
 from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 
-from common import telemetry as tm
-from common.children import ChildSet
-from common.config import Endpoint, topology_from_mapping
-from common.fleet_view import Fetched, FleetView, merge_fleet, ops_targets, reachable_address
-from common.ops import OpsServer, TierMetrics
+from common.config.node import Endpoint
+from common.config.topology import topology_from_mapping
+from common.observability import tracing as tm
+from common.observability.tier_metrics import TierMetrics
+from common.operations.fleet_view import (
+    Fetched,
+    FleetView,
+    merge_fleet,
+    ops_targets,
+    reachable_address,
+)
+from common.operations.ops_http import OpsServer
+from common.request.children import ChildSet
 from tests.common.test_trace_view import span
 from tests.conftest import small_fleet_spec
 

@@ -2,7 +2,7 @@ import math
 
 import pytest
 
-from common.geo import GeoPoint, great_circle_km, parse_geo, rtt_estimate_ms
+from common.basics.geo import GeoPoint, great_circle_km, parse_geo, rtt_estimate_ms
 
 DUBLIN = GeoPoint(53.35, -6.26)
 SINGAPORE = GeoPoint(1.29, 103.85)

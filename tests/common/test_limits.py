@@ -17,14 +17,15 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from common.config import ConfigError, Endpoint, Limits, topology_from_mapping
-from common.errors import RouteError
+from cli.launcher import DEMO_FLEET
+from common.basics.errors import RouteError
+from common.config.access import Limits
+from common.config.node import ConfigError, Endpoint
+from common.config.topology import topology_from_mapping
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.grpc_server import V2Server
-from common.launcher import DEMO_FLEET
-from common.prefix import PREFIX_BLOCKS
-from common.routing import (
+from common.request.prefix import PREFIX_BLOCKS
+from common.request.routing import (
     ATTEMPT,
     CLIENT_GEO,
     CLIENT_REGION,
@@ -38,7 +39,8 @@ from common.routing import (
     TENANT,
     parse_hints,
 )
-from common.v2 import DEFAULT_LIMITS, encode_bytes_tensor, generate_request, parse_generate
+from common.request.server import V2Server
+from common.request.v2 import DEFAULT_LIMITS, encode_bytes_tensor, generate_request, parse_generate
 
 REAL_MODEL = "demo-llm"
 KIB = 1024

@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from common.metrics import CallbackGauge, Registry, escape_label
-from common.ops import CountingRetryBudget
-from common.resilience import RetryBudgetConfig
+from common.observability.metrics import CallbackGauge, Registry, escape_label
+from common.observability.tier_metrics import CountingRetryBudget
+from common.request.resilience import RetryBudgetConfig
 
 NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
 LABEL_VALUE = r'"(?:[^"\\\n]|\\\\|\\"|\\n)*"'

@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from common.protogen import ROOT, generate
+from cli.protogen import ROOT, generate
 
 
 def test_committed_generated_code_matches_fresh_generation(tmp_path: Path) -> None:

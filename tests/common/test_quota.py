@@ -9,9 +9,10 @@ import grpc
 import pytest
 import redis
 
-from common.config import TenantConfig
-from common.errors import RETRY_AFTER_MS, RouteError
-from common.quota import (
+from common.basics.errors import RETRY_AFTER_MS, RouteError
+from common.basics.redis_embed import EmbeddedRedis, free_port
+from common.config.access import TenantConfig
+from common.tenancy.quota import (
     GCRA_SHA,
     ConcurrencyCaps,
     TenantRateLimiter,
@@ -19,7 +20,6 @@ from common.quota import (
     request_burst,
     token_burst,
 )
-from common.redis_embed import EmbeddedRedis, free_port
 
 LimiterFactory = Callable[..., TenantRateLimiter]
 
@@ -289,7 +289,7 @@ async def test_script_is_loaded_again_after_redis_forgets_it(
 async def test_redis_down_falls_back_to_rate_over_replicas_then_shares_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="common.quota")
+    caplog.set_level(logging.INFO, logger="common.tenancy.quota")
     server = EmbeddedRedis()
     server.start()
     clock = FakeClock()
@@ -310,7 +310,7 @@ async def test_redis_down_falls_back_to_rate_over_replicas_then_shares_again(
         assert all(13 <= n <= 15 for n in counts), counts  # burst 5 + 5/s × 2 s
         assert sum(counts) <= 10 * 2 + 10  # within the shared limit's bound
         assert all(limiter.degraded and limiter.outages == 1 for limiter in replicas)
-        ours = [r for r in caplog.records if r.name == "common.quota"]
+        ours = [r for r in caplog.records if r.name == "common.tenancy.quota"]
         warnings = [r for r in ours if r.levelno == logging.WARNING]
         assert len(warnings) == 2  # one per replica, however many re-tries failed
 
@@ -325,7 +325,9 @@ async def test_redis_down_falls_back_to_rate_over_replicas_then_shares_again(
         await refusal(replicas[1], who, 1)  # the other replica sees the same bucket
         assert not any(limiter.degraded for limiter in replicas)
         infos = [
-            r for r in caplog.records if r.name == "common.quota" and r.levelno == logging.INFO
+            r
+            for r in caplog.records
+            if r.name == "common.tenancy.quota" and r.levelno == logging.INFO
         ]
         assert len(infos) == 2 and all("back" in r.message for r in infos)
     finally:

@@ -5,12 +5,12 @@ import asyncio
 import pytest
 import redis
 
-from common.capacity import CapacityPublisher, CapacityReader, zone_stream
-from common.config import TenantConfig
+from common.basics.redis_embed import EmbeddedRedis
+from common.capacity.streams import CapacityPublisher, CapacityReader, zone_stream
+from common.config.access import TenantConfig
 from common.gen.meridian.v1 import capacity_pb2
-from common.quota import TenantRateLimiter
-from common.redis_embed import EmbeddedRedis
-from common.usage import UsageRecord, UsageRecorder, summarise
+from common.tenancy.quota import TenantRateLimiter
+from common.tenancy.usage import UsageRecord, UsageRecorder, summarise
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@ import random
 
 import pytest
 
-from common.resilience import (
+from common.request.resilience import (
     CircuitBreaker,
     CircuitBreakerConfig,
     OutlierConfig,

@@ -1,9 +1,9 @@
 import grpc
 import pytest
 
-from common.errors import RouteError
-from common.geo import GeoPoint
-from common.routing import ATTEMPT, ORIGIN, parse_hints
+from common.basics.errors import RouteError
+from common.basics.geo import GeoPoint
+from common.request.routing import ATTEMPT, ORIGIN, parse_hints
 
 
 def test_client_hints_parsed() -> None:

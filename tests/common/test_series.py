@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.metrics import Counter, Histogram, Registry
-from common.series import RequestSeries, bucket_quantile
+from common.observability.metrics import Counter, Histogram, Registry
+from common.observability.series import RequestSeries, bucket_quantile
 
 BOUNDS = (0.01, 0.1, 1.0)
 

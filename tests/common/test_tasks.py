@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from common.tasks import cancel_and_wait
+from common.basics.tasks import cancel_and_wait
 
 
 async def test_a_task_that_swallows_one_cancellation_is_cancelled_again() -> None:

@@ -8,7 +8,7 @@ import grpc
 import pytest
 from opentelemetry import trace
 
-from common import telemetry as tm
+from common.observability import tracing as tm
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"

@@ -13,17 +13,18 @@ from cryptography import x509
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from common.config import Endpoint, TlsConfig
-from common.gen.inference import grpc_service_pb2 as pb
-from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.grpc_server import V2Server
-from common.tls import (
+from common.config.access import TlsConfig
+from common.config.node import Endpoint
+from common.config.tls import (
     channel_credentials,
     generate_pki,
     server_credentials,
     tier_channel_credentials,
     tier_server_credentials,
 )
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.request.server import V2Server
 
 
 def _cert(path: str) -> x509.Certificate:

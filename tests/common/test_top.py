@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from common.top import Paint, bar, clean, frame, render, sparkline, visible
+from cli.top import Paint, bar, clean, frame, render, sparkline, visible
 
 FLEET: dict[str, Any] = {
     "totals": {

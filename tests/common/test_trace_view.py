@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from common import telemetry as tm
-from common.trace_view import merge_traces, passed_through, recent_traces, summarize
+from common.observability import tracing as tm
+from common.observability.trace_view import merge_traces, passed_through, recent_traces, summarize
 
 TRACE = "ab" * 16
 MS = 1_000_000

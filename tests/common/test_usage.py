@@ -9,9 +9,9 @@ from datetime import UTC, datetime
 import pytest
 import redis
 
-from common.redis_embed import EmbeddedRedis, free_port
-from common.usage import UsageRecord, UsageRecorder, UsageTotals, summarise
-from common.usage_cli import parse_time, usage_main
+from cli.usage import parse_time, usage_main
+from common.basics.redis_embed import EmbeddedRedis, free_port
+from common.tenancy.usage import UsageRecord, UsageRecorder, UsageTotals, summarise
 
 STATUSES = ("OK", "OK", "OK", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 TENANTS = ("acme", "globex", "initech")

@@ -3,9 +3,9 @@ import struct
 import grpc
 import pytest
 
-from common.errors import RouteError
+from common.basics.errors import RouteError
 from common.gen.inference import grpc_service_pb2 as pb
-from common.v2 import (
+from common.request.v2 import (
     decode_bytes_tensor,
     encode_bytes_tensor,
     generate_request,

@@ -17,10 +17,10 @@ from collections.abc import Iterator
 import grpc
 import pytest
 
-from common.admin_cli import admin_main
+from cli.admin import admin_main
+from cli.launcher import Fleet
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
-from common.launcher import Fleet
 from tests.client import LoadLoop, V2Client, expect_code, region_of, zone_of
 from tests.conftest import small_fleet_spec, start_fleet
 
@@ -158,7 +158,7 @@ def test_cli_lists_a_table_and_fails_with_the_status(
     err = capsys.readouterr().err
     assert "NOT_FOUND" in err and "no-such-gpu" in err
     # The same through the `meridian` command itself.
-    argv = [sys.executable, "-m", "common.cli", "admin", "--target", fleet.global_address]
+    argv = [sys.executable, "-m", "cli.main", "admin", "--target", fleet.global_address]
     listed = subprocess.run([*argv, "list"], capture_output=True, text=True, timeout=30)
     assert listed.returncode == 0 and "eu-west-1a-gpu0" in listed.stdout
     failed = subprocess.run(

@@ -24,11 +24,11 @@ import grpc
 import pytest
 import yaml
 
-from common.admin_cli import KEY_ENV, admin_main
+from cli.admin import KEY_ENV, admin_main
+from cli.launcher import Fleet, TierProcess, tier_ready
+from common.basics.redis_embed import free_port
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
-from common.launcher import Fleet, TierProcess, tier_ready
-from common.redis_embed import free_port
 from tests.client import LoadLoop, expect_code
 from tests.conftest import small_fleet_spec, start_fleet
 from tests.e2e.test_admin import Admin, flatten, gpu_of
@@ -125,7 +125,7 @@ def extra_worker(fleet: Fleet, tmp_path: Path) -> Iterator[dict[str, Any]]:
     zone_of_raw(raw)["gpus"] = [gpu]
     config = tmp_path / "extra.yaml"
     write_topology(config, raw)
-    argv = [sys.executable, "-m", "common.cli", "worker", "--config", str(config)]
+    argv = [sys.executable, "-m", "cli.main", "worker", "--config", str(config)]
     proc = TierProcess(
         "extra-worker", [*argv, "--region", REGION, "--zone", ZONE], tmp_path / "w.log"
     )
@@ -218,7 +218,7 @@ def test_meridian_up_prints_an_admin_key_that_works(tmp_path: Path) -> None:
     }
     config = tmp_path / "fleet.yaml"
     write_topology(config, spec)
-    argv = [sys.executable, "-m", "common.cli", "up", "--config", str(config)]
+    argv = [sys.executable, "-m", "cli.main", "up", "--config", str(config)]
     # Its own session: the tiers it starts share its process group, which a hung
     # `up` is killed with.
     up = subprocess.Popen(

@@ -23,11 +23,11 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cli.launcher import Fleet
 from common.gen.inference import grpc_service_pb2 as pb
-from common.launcher import Fleet
-from common.routing import CLIENT_GEO, CLIENT_REGION, PRIORITY, SESSION
-from common.usage import USAGE_STREAM, UsageRecord
-from common.v2 import generate_request, response_text
+from common.request.routing import CLIENT_GEO, CLIENT_REGION, PRIORITY, SESSION
+from common.request.v2 import generate_request, response_text
+from common.tenancy.usage import USAGE_STREAM, UsageRecord
 from tests.client import V2Client, expect_code
 from tests.common.test_limits import infer_requests, wire_metadata
 from tests.conftest import small_fleet_spec, start_fleet

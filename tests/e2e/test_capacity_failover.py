@@ -8,9 +8,9 @@ from typing import Any
 
 import redis
 
-from common.capacity import region_stream
+from cli.launcher import Fleet
+from common.capacity.streams import region_stream
 from common.gen.meridian.v1 import capacity_pb2
-from common.launcher import Fleet
 from tests.client import LoadLoop, region_of
 from tests.conftest import small_fleet_spec
 

@@ -22,9 +22,9 @@ from typing import Any
 
 import pytest
 
-from common.fleet_view import DASHBOARD_HTML
-from common.launcher import Fleet
-from common.trace_view import merge_traces, recent_traces
+from cli.launcher import Fleet
+from common.observability.trace_view import merge_traces, recent_traces
+from common.operations.fleet_view import DASHBOARD_HTML
 from tests.browser import chromium, require_chromium, show_trace, wait_for
 from tests.client import V2Client
 from tests.common.test_top import FLEET
@@ -163,7 +163,7 @@ def test_only_the_global_serves_the_dashboard(fleet: Fleet) -> None:
 
 def test_top_once_prints_the_fleet(fleet: Fleet) -> None:
     done = subprocess.run(
-        [sys.executable, "-m", "common.cli", "top", "--once", "--ops", ops(fleet)],
+        [sys.executable, "-m", "cli.main", "top", "--once", "--ops", ops(fleet)],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -12,11 +12,11 @@ import grpc
 import pytest
 import redis
 
-from common.capacity import region_stream, zone_stream
+from cli.launcher import Fleet
+from common.capacity.streams import region_stream, zone_stream
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.meridian.v1 import capacity_pb2
-from common.launcher import Fleet
-from common.v2 import generate_request, response_text
+from common.request.v2 import generate_request, response_text
 from tests.client import V2Client, expect_code, gpu_metric, region_of, zone_of
 
 DUBLIN = ("x-meridian-client-geo", "53.35,-6.26")

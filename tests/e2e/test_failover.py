@@ -8,8 +8,8 @@ from typing import Any
 
 import grpc
 
-from common.launcher import Fleet
-from common.v2 import generate_request
+from cli.launcher import Fleet
+from common.request.v2 import generate_request
 from tests.client import V2Client, expect_code, region_of, zone_of
 from tests.conftest import small_fleet_spec
 

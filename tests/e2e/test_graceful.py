@@ -9,7 +9,7 @@ import urllib.request
 from collections.abc import Callable
 from typing import Any
 
-from common.launcher import Fleet
+from cli.launcher import Fleet
 from tests.client import LoadLoop, V2Client, region_of
 from tests.conftest import small_fleet_spec
 

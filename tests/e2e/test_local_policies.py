@@ -10,9 +10,9 @@ from collections.abc import Callable
 
 import grpc
 
+from cli.launcher import Fleet
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.launcher import Fleet
-from common.v2 import generate_request
+from common.request.v2 import generate_request
 from tests.client import gpu_metric
 from tests.conftest import small_fleet_spec
 

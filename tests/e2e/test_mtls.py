@@ -15,11 +15,11 @@ import grpc
 import pytest
 import yaml
 
+from cli.launcher import Fleet
+from common.config.tls import channel_credentials
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.launcher import Fleet
-from common.routing import ROUTE, trailer
-from common.tls import channel_credentials
-from common.v2 import generate_request, response_text
+from common.request.routing import ROUTE, trailer
+from common.request.v2 import generate_request, response_text
 from tests.client import V2Client
 from tests.conftest import small_fleet_spec, start_fleet
 

@@ -10,10 +10,10 @@ from typing import Any
 import grpc
 import pytest
 
-from common.errors import RETRY_AFTER_MS
+from cli.launcher import Fleet
+from common.basics.errors import RETRY_AFTER_MS
 from common.gen.inference import grpc_service_pb2 as pb
-from common.launcher import Fleet
-from common.usage import summarise
+from common.tenancy.usage import summarise
 from tests.client import V2Client, expect_code, region_of
 from tests.conftest import small_fleet_spec
 

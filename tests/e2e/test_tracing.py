@@ -16,13 +16,13 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-from common import telemetry as tm
-from common.config import topology_from_mapping
+from common.basics.redis_embed import EmbeddedRedis, free_port
+from common.config.topology import topology_from_mapping
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.redis_embed import EmbeddedRedis, free_port
-from common.tier import TierServer
-from common.v2 import generate_request
+from common.observability import tracing as tm
+from common.request.v2 import generate_request
+from common.tier.server import TierServer
 from global_lb.server import build_global_tier
 from local_lb.server import build_local_tier
 from regional_lb.server import build_regional_tier

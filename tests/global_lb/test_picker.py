@@ -2,7 +2,7 @@ import random
 
 import pytest
 
-from common.geo import GeoPoint
+from common.basics.geo import GeoPoint
 from global_lb.picker import RegionPicker, availability, spill_shares
 from tests.pickers import child, request, with_summary
 
@@ -165,9 +165,9 @@ def test_availability_uses_the_overprovisioning_factor() -> None:
 
 
 async def test_residency_error_says_so() -> None:
-    from common.balancer import RankingBalancer
-    from common.children import ChildSet
-    from common.errors import RouteError
+    from common.basics.errors import RouteError
+    from common.request.balancer import RankingBalancer
+    from common.request.children import ChildSet
 
     rs = regions()
     rs[2].healthy = False

@@ -10,10 +10,11 @@ from typing import Any
 
 import grpc
 
-from common.balancer import Outcome
-from common.children import ChildSet
-from common.config import Endpoint, topology_from_mapping
-from common.pick import PickRequest
+from common.config.node import Endpoint
+from common.config.topology import topology_from_mapping
+from common.request.balancer import Outcome
+from common.request.children import ChildSet
+from common.request.pick import PickRequest
 from local_lb.admin import LocalAdmin
 from local_lb.balancer import LocalBalancer
 from local_lb.load import LoadSample, MonitoredGpu

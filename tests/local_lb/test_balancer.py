@@ -8,12 +8,12 @@ import random
 import grpc
 import pytest
 
-from common.balancer import Outcome
-from common.children import ChildSet
-from common.config import Endpoint
-from common.errors import RETRY_AFTER_MS, RouteError
-from common.pick import PickRequest
-from common.resilience import SlowStartConfig
+from common.basics.errors import RETRY_AFTER_MS, RouteError
+from common.config.node import Endpoint
+from common.request.balancer import Outcome
+from common.request.children import ChildSet
+from common.request.pick import PickRequest
+from common.request.resilience import SlowStartConfig
 from local_lb.balancer import LocalBalancer
 from local_lb.picker import CompletionTimePicker
 from local_lb.state import GpuChild, LocalView

@@ -7,9 +7,9 @@ from collections import Counter
 
 import pytest
 
-from common.config import Endpoint
-from common.pick import Picker, PickRequest
-from common.prefix import BLOCK_TOKENS
+from common.config.node import Endpoint
+from common.request.pick import Picker, PickRequest
+from common.request.prefix import BLOCK_TOKENS
 from local_lb.baselines import (
     LeastConnectionsPicker,
     LeastResponseTimePicker,

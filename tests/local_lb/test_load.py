@@ -13,10 +13,11 @@ import pytest
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
-from common.config import Endpoint, GpuConfig
+from common.config.node import Endpoint
+from common.config.topology import GpuConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.v2 import generate_request
+from common.request.v2 import generate_request
 from local_lb.load import (
     BackendMonitor,
     LoadBook,

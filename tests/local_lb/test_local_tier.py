@@ -9,12 +9,12 @@ from dataclasses import dataclass
 import grpc
 import pytest
 
-from common.config import Topology, topology_from_mapping
+from common.basics.redis_embed import EmbeddedRedis
+from common.config.topology import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.redis_embed import EmbeddedRedis
-from common.routing import ROUTE
-from common.tier import TierServer
-from common.v2 import generate_request
+from common.request.routing import ROUTE
+from common.request.v2 import generate_request
+from common.tier.server import TierServer
 from local_lb.server import build_local_tier
 from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers

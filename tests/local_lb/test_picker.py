@@ -2,9 +2,9 @@
 
 import random
 
-from common.config import Endpoint
-from common.pick import PickRequest
-from common.prefix import prompt_block_hashes
+from common.config.node import Endpoint
+from common.request.pick import PickRequest
+from common.request.prefix import prompt_block_hashes
 from local_lb.load import LoadSample
 from local_lb.picker import CompletionTimePicker
 from local_lb.state import GpuChild, LocalView

@@ -1,6 +1,6 @@
 import random
 
-from common.geo import GeoPoint
+from common.basics.geo import GeoPoint
 from regional_lb.picker import ZonePicker, headroom
 from tests.pickers import child, request, with_summary
 

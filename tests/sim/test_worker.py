@@ -10,11 +10,12 @@ import aiohttp
 import grpc
 import pytest
 
-from common.config import Endpoint, GpuConfig, ZoneConfig
+from common.basics.geo import GeoPoint
+from common.config.node import Endpoint
+from common.config.topology import GpuConfig, ZoneConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.geo import GeoPoint
-from common.v2 import FINAL_RESPONSE, generate_request, response_text
+from common.request.v2 import FINAL_RESPONSE, generate_request, response_text
 from sim.worker import GpuWorker, ZoneWorkers, run_zone_workers
 
 LOAD_RE = re.compile(r"^running=\d+,waiting=\d+,kv=[01]\.\d{3}$")

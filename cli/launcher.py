@@ -1,0 +1,301 @@
+"""Start a whole fleet on one machine, one OS process per tier instance.
+
+``Fleet`` is what ``meridian up`` runs and what the end-to-end tests use:
+an embedded Redis, the emulated GPUs of each zone (one process per zone),
+a local tier per zone, a regional tier per region and the global tier, each
+its own process so that killing one is a real failure. Port 0 in the fleet
+file is resolved to a free loopback port first, and the resolved topology is
+written beside the logs for every process to read. Each child asks the kernel
+to end it when the launcher dies (PR_SET_PDEATHSIG, set by the child at start),
+so even a killed launcher leaves no process behind. With ``tls`` (the default)
+a fresh PKI is generated into ``<run_dir>/pki`` and the tiers talk mutual TLS
+(see ``common.config.tls``); the global endpoint stays plaintext for clients.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import grpc
+import yaml
+
+from common.basics.redis_embed import EmbeddedRedis, free_port
+from common.config.tls import generate_pki, tier_channel_credentials
+from common.config.topology import Topology, topology_from_mapping
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.tenancy.auth import new_key
+
+DEMO_FLEET = Path(__file__).resolve().parent.parent / "deploy" / "demo-fleet.yaml"
+_PR_SET_PDEATHSIG = 1
+
+
+PARENT_PID_ENV = "MERIDIAN_PARENT_PID"
+
+
+def die_with_parent() -> None:
+    """In a launched process: ask the kernel for SIGTERM when the launcher dies.
+
+    Called by the child itself at start-up (``preexec_fn`` would run Python
+    between fork and exec, which can deadlock a launcher that has threads).
+    """
+    parent = os.environ.get(PARENT_PID_ENV)
+    if not parent:
+        return
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != int(parent):  # the launcher died before we could ask
+        raise SystemExit(1)
+
+
+def resolve_ports(raw: dict[str, Any]) -> dict[str, Any]:
+    """Replace every ``host:0`` listen address with a free loopback port."""
+
+    def walk(node: Any) -> Any:
+        if isinstance(node, dict):
+            out = {}
+            for key, value in node.items():
+                if key in ("listen", "metrics_listen", "ops_listen") and isinstance(value, str):
+                    host, _, port = value.rpartition(":")
+                    if port == "0":
+                        value = f"{host}:{free_port(host.strip('[]'))}"
+                out[key] = walk(value)
+            return out
+        if isinstance(node, list):
+            return [walk(v) for v in node]
+        return node
+
+    resolved: dict[str, Any] = walk(raw)
+    return resolved
+
+
+def generate_tenant_keys(raw: dict[str, Any]) -> dict[str, str]:
+    """Replace each tenant's ``api_key: generate`` with a fresh key's SHA-256.
+
+    Returns the keys by tenant id: the only place they exist (print them once).
+    """
+    keys: dict[str, str] = {}
+    for tenant in (raw.get("auth") or {}).get("tenants") or []:
+        if tenant.get("api_key") == "generate":
+            del tenant["api_key"]
+            key, digest = new_key()
+            tenant.setdefault("api_key_sha256", []).append(digest)
+            keys[str(tenant.get("id"))] = key
+    return keys
+
+
+def generate_admin_key(raw: dict[str, Any]) -> str | None:
+    """Replace ``auth.admin_key: generate`` with a fresh key's SHA-256 in
+    ``auth.admin_keys``; return the key (print it once), or None."""
+    auth = raw.get("auth") or {}
+    if auth.get("admin_key") != "generate":
+        return None
+    del auth["admin_key"]
+    key, digest = new_key()
+    auth.setdefault("admin_keys", []).append(digest)
+    return key
+
+
+@dataclass
+class TierProcess:
+    """One launched process and how to start it again."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+    log_file: IO[bytes] | None = field(default=None, repr=False)
+
+    def start(self) -> None:
+        self.log_file = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            self.argv,
+            stdout=self.log_file,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, PARENT_PID_ENV: str(os.getpid())},
+        )
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.send_signal(sig)
+            try:
+                self.process.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        if self.log_file is not None:
+            self.log_file.close()
+            self.log_file = None
+
+
+class Fleet:
+    """A whole Meridian deployment on this machine; ``start()`` / ``stop()``.
+
+    ``tls=True`` generates a PKI into ``<run_dir>/pki`` and sets the topology's
+    ``tls`` (``client_facing`` False) unless the fleet file has its own ``tls``
+    section; ``tls=False`` runs plaintext everywhere, dropping any such section.
+    A direct call to an inner tier must then present the tier certificate:
+    ``credentials_for(name)`` gives the channel credentials for any process.
+    """
+
+    def __init__(
+        self,
+        fleet_file: Path | str = DEMO_FLEET,
+        run_dir: Path | str = "run",
+        *,
+        overrides: dict[str, Any] | None = None,
+        redis_url: str | None = None,
+        policy: str = "default",
+        tls: bool = True,
+    ) -> None:
+        self.policy = policy
+        raw = yaml.safe_load(Path(fleet_file).read_text())
+        raw.update(overrides or {})
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.redis = None if redis_url else EmbeddedRedis()
+        raw["redis_url"] = redis_url or self.redis.url  # type: ignore[union-attr]
+        if not tls:
+            raw.pop("tls", None)
+        elif "tls" not in raw:
+            pki = generate_pki(self.run_dir / "pki")
+            raw["tls"] = {"ca": pki.ca, "cert": pki.cert, "key": pki.key, "client_facing": False}
+        self.tenant_keys = generate_tenant_keys(raw)
+        self.admin_key = generate_admin_key(raw)
+        self.raw = resolve_ports(raw)
+        self.topology: Topology = topology_from_mapping(self.raw)
+        self._tier_credentials = tier_channel_credentials(self.topology.tls)
+        self.config_path = self.run_dir / "topology.yaml"
+        self.config_path.write_text(yaml.safe_dump(self.raw, sort_keys=False))
+        self.processes: dict[str, TierProcess] = {}
+        for name, argv in self._plan():
+            self.processes[name] = TierProcess(name, argv, self.run_dir / f"{name}.log")
+
+    def _plan(self) -> Iterator[tuple[str, list[str]]]:
+        cli = [sys.executable, "-m", "cli.main"]
+        cfg = ["--config", str(self.config_path)]
+        for region in self.topology.regions:
+            for zone in region.zones:
+                where = ["--region", region.name, "--zone", zone.name]
+                yield f"worker-{zone.name}", [*cli, "worker", *cfg, *where]
+                policy = ["--policy", self.policy]
+                yield f"local-{zone.name}", [*cli, "local", *cfg, *where, *policy]
+        for region in self.topology.regions:
+            yield f"regional-{region.name}", [*cli, "regional", *cfg, "--region", region.name]
+        yield "global", [*cli, "global", *cfg]
+
+    def endpoint_of(self, name: str) -> str:
+        """The gRPC address of a launched tier process (``global``, ``regional-eu-west`` ...)."""
+        topo = self.topology
+        if name == "global":
+            return topo.global_tier.endpoint.address
+        kind, _, where = name.partition("-")
+        for region in topo.regions:
+            if kind == "regional" and where == region.name:
+                return region.endpoint.address
+            for zone in region.zones:
+                if kind == "local" and where == zone.name:
+                    return zone.endpoint.address
+        raise KeyError(name)
+
+    def credentials_for(self, name: str) -> grpc.ChannelCredentials | None:
+        """How to call launched process ``name``: None (plaintext) for GPU workers,
+        for the global tier unless its endpoint is client-facing TLS, and for
+        every tier when the fleet runs without TLS; else the tier certificate."""
+        tls = self.topology.tls
+        if name.startswith("worker-") or (name == "global" and tls and not tls.client_facing):
+            return None
+        return self._tier_credentials
+
+    @property
+    def global_address(self) -> str:
+        return self.topology.global_tier.endpoint.address
+
+    def start(self, timeout_s: float = 60.0) -> None:
+        """Start bottom-up, a layer at a time, so each tier's first health probe
+        finds its children already serving."""
+        if self.redis is not None:
+            self.redis.start()
+        deadline = time.monotonic() + timeout_s
+        try:
+            for layer in ("worker-", "local-", "regional-", "global"):
+                started = [p for n, p in self.processes.items() if n.startswith(layer)]
+                for proc in started:
+                    proc.start()
+                for proc in started:
+                    self._wait_ready(proc, deadline)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_ready(self, proc: TierProcess, deadline: float) -> None:
+        """Until ``proc`` serves: ServerReady=true for tiers, every GPU port for workers."""
+        credentials = self.credentials_for(proc.name)
+        for address in self._addresses(proc.name):
+            while not tier_ready(address, credentials):
+                if not proc.alive():
+                    raise RuntimeError(f"{proc.name} exited at start; see {proc.log_path}")
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{proc.name} not ready on {address}; see {proc.log_path}")
+                time.sleep(0.05)
+
+    def _addresses(self, name: str) -> list[str]:
+        if name.startswith("worker-"):
+            zone = name.removeprefix("worker-")
+            return [
+                g.endpoint.address
+                for r in self.topology.regions
+                for z in r.zones
+                if z.name == zone
+                for g in z.gpus
+            ]
+        return [self.endpoint_of(name)]
+
+    def kill(self, name: str) -> None:
+        """Kill one tier process outright (SIGKILL), as a crash would."""
+        self.processes[name].stop(signal.SIGKILL)
+
+    def restart(self, name: str, timeout_s: float = 30.0) -> None:
+        proc = self.processes[name]
+        proc.stop()
+        proc.start()
+        self._wait_ready(proc, time.monotonic() + timeout_s)
+
+    def stop(self) -> None:
+        # Top down, so upper tiers stop sending before the ones below go away.
+        for proc in reversed(list(self.processes.values())):
+            proc.stop()
+        if self.redis is not None:
+            self.redis.close()
+
+
+def tier_ready(
+    address: str, credentials: grpc.ChannelCredentials | None = None, timeout_s: float = 0.5
+) -> bool:
+    """True when the V2 server at ``address`` answers ServerReady with ready=true."""
+    if credentials is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        channel = grpc.secure_channel(address, credentials)
+    with channel:
+        try:
+            reply = pb_grpc.GRPCInferenceServiceStub(channel).ServerReady(
+                pb.ServerReadyRequest(), timeout=timeout_s
+            )
+        except grpc.RpcError:
+            return False
+        return bool(reply.ready)

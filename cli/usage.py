@@ -1,0 +1,135 @@
+"""``meridian usage``: sum the usage records per tenant and model for a time window."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import re
+import sys
+import time
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from common.tenancy.usage import USAGE_STREAM, UsageTotals, summarise
+
+_RELATIVE = re.compile(r"^(\d+)([smhdw])$")
+_UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
+
+
+def parse_time(text: str, now_ms: int) -> int:
+    """``now``, a relative age (``30m``, ``1h``, ``7d``) or ISO-8601 (UTC when no offset)
+    → epoch milliseconds; ``ValueError`` saying what is accepted."""
+    text = text.strip()
+    if text == "now":
+        return now_ms
+    if match := _RELATIVE.match(text):
+        return now_ms - int(match[1]) * _UNIT_MS[match[2]]
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        raise ValueError(
+            f"bad time {text!r}: use ISO-8601 (2025-01-31T12:00:00Z), a relative age "
+            "(30s, 30m, 1h, 7d, 2w) or 'now'"
+        ) from None
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return int(moment.timestamp() * 1000)
+
+
+def _iso(ms: int) -> str:
+    return (
+        datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+    )
+
+
+_COLUMNS = "tenant model requests ok prompt_tokens completion_tokens gpu_seconds".split()
+
+
+def _cells(tenant: str, model: str, t: UsageTotals) -> list[str]:
+    counts = (t.requests, t.ok_requests, t.prompt_tokens, t.completion_tokens)
+    return [tenant, model, *map(str, counts), f"{t.gpu_seconds:.3f}"]
+
+
+def format_table(totals: Mapping[tuple[str, str], UsageTotals]) -> str:
+    """A fixed-width table, one row per (tenant, model) in sorted order, then a total row."""
+    grand = UsageTotals()
+    for part in totals.values():
+        grand.merge(part)
+    rows = [_cells(tenant, model, t) for (tenant, model), t in sorted(totals.items())]
+    rows.append(_cells("total", "", grand))
+    widths = [max(len(c), *(len(r[i]) for r in rows)) for i, c in enumerate(_COLUMNS)]
+    lines = []
+    for row in [_COLUMNS, *rows]:
+        cells = [
+            v.ljust(w) if i < 2 else v.rjust(w)
+            for i, (v, w) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return "\n".join(lines)
+
+
+def totals_json(totals: Mapping[tuple[str, str], UsageTotals]) -> list[dict[str, Any]]:
+    return [
+        {
+            "tenant": tenant,
+            "model": model,
+            **dataclasses.asdict(t),
+            "gpu_seconds": round(t.gpu_seconds, 6),
+            "statuses": dict(sorted(t.statuses.items())),
+        }
+        for (tenant, model), t in sorted(totals.items())
+    ]
+
+
+def usage_main(argv: list[str] | None = None, *, now_ms: int | None = None) -> int:
+    """``meridian usage``: totals per tenant and model over a time window; exit code 2 on
+    a bad argument or an unreachable Redis. ``now_ms`` pins the clock for tests."""
+    parser = argparse.ArgumentParser(
+        prog="meridian usage", description="usage per tenant and model"
+    )
+    parser.add_argument("--redis", required=True, help="redis URL, e.g. redis://127.0.0.1:6379/0")
+    parser.add_argument(
+        "--since", default="24h", help="ISO-8601 or relative (30m, 1h, 7d); default 24h"
+    )
+    parser.add_argument("--until", default="now", help="ISO-8601 or relative; default now")
+    parser.add_argument("--stream", default=USAGE_STREAM, help=f"default {USAGE_STREAM}")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exc:  # argparse already printed why
+        return 0 if exc.code == 0 else 2
+    now = now_ms if now_ms is not None else int(time.time() * 1000)
+    try:
+        since, until = parse_time(args.since, now), parse_time(args.until, now)
+    except ValueError as exc:
+        print(f"meridian usage: {exc}", file=sys.stderr)
+        return 2
+    if since >= until:
+        print(
+            f"meridian usage: --since ({_iso(since)}) is not before --until ({_iso(until)})",
+            file=sys.stderr,
+        )
+        return 2
+    try:
+        totals = asyncio.run(
+            summarise(args.redis, since_ms=since, until_ms=until, stream=args.stream)
+        )
+    except (RedisError, OSError) as exc:
+        print(
+            f"meridian usage: cannot read {args.stream} from {args.redis}: {exc}", file=sys.stderr
+        )
+        return 2
+    if args.json:
+        window = {"since": _iso(since), "until": _iso(until), "since_ms": since, "until_ms": until}
+        print(
+            json.dumps({**window, "stream": args.stream, "totals": totals_json(totals)}, indent=2)
+        )
+    else:
+        print(f"usage {_iso(since)} .. {_iso(until)} (stream {args.stream})")
+        print(format_table(totals))
+    return 0

@@ -1,0 +1,215 @@
+"""Capacity summaries over Redis streams: publish on a cadence, follow, aggregate.
+
+local tier --XADD--> ``meridian:capacity:zone:<region>:<zone>``
+regional   --XREAD-> aggregates its zones --XADD--> ``meridian:capacity:region:<region>``
+global     --XREAD-> region summaries
+
+Streams are bounded with ``XADD ... MAXLEN ~``. Readers use plain XREAD, not
+consumer groups, because every replica of a tier needs every summary. A
+Redis outage only stops fresh summaries: publisher and reader log once,
+back off, reconnect and resume on their own; routing never waits on Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from common.capacity.summary import encode_hint
+from common.gen.meridian.v1 import capacity_pb2
+
+log = logging.getLogger(__name__)
+
+SUMMARY_FIELD = b"summary"
+MAX_BACKOFF_S = 2.0
+
+
+def zone_stream(region: str, zone: str) -> str:
+    return f"meridian:capacity:zone:{region}:{zone}"
+
+
+def region_stream(region: str) -> str:
+    return f"meridian:capacity:region:{region}"
+
+
+class Backoff:
+    """Exponential back-off for reconnecting to Redis, logging each outage once."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.delay = 0.0
+
+    async def failed(self, exc: Exception) -> None:
+        if self.delay == 0.0:
+            log.warning("%s: redis unavailable (%s); retrying with back-off", self.what, exc)
+        self.delay = min(MAX_BACKOFF_S, max(0.1, self.delay * 2))
+        await asyncio.sleep(self.delay)
+
+    def succeeded(self) -> None:
+        if self.delay:
+            log.info("%s: redis is back", self.what)
+        self.delay = 0.0
+
+
+class CapacityPublisher:
+    """Publishes ``build()`` to a stream every ``cadence_s`` (and at once on ``poke()``)."""
+
+    def __init__(
+        self,
+        redis_url: str,
+        stream: str,
+        build: Callable[[int], capacity_pb2.CapacitySummary],
+        *,
+        cadence_s: float,
+        maxlen: int,
+    ) -> None:
+        self.redis = aioredis.Redis.from_url(
+            redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+        )
+        self.stream = stream
+        self.build = build
+        self.cadence_s = cadence_s
+        self.maxlen = maxlen
+        self.sequence = 0
+        self.latest: capacity_pb2.CapacitySummary | None = None
+        # Each model's entry of ``latest`` in trailer form, encoded once per publish.
+        self._hints: dict[str, str] = {}
+        self._poke = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"publish {self.stream}")
+
+    def poke(self) -> None:
+        """Publish now rather than at the next tick (a significant change happened)."""
+        self._poke.set()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.redis.aclose()
+
+    def latest_hint(self, model: str) -> str | None:
+        """This publisher's newest view of ``model`` as a response hint (``encode_hint``)."""
+        return self._hints.get(model)
+
+    async def publish_once(self) -> None:
+        self.sequence += 1
+        summary = self.build(self.sequence)
+        self.latest = summary
+        self._hints = {entry.model: encode_hint(entry) for entry in summary.models}
+        await self.redis.xadd(
+            self.stream,
+            {SUMMARY_FIELD: summary.SerializeToString()},
+            maxlen=self.maxlen,
+            approximate=True,
+        )
+
+    async def _run(self) -> None:
+        backoff = Backoff(f"publisher {self.stream}")
+        while True:
+            try:
+                await self.publish_once()
+                backoff.succeeded()
+            except (RedisError, OSError) as exc:
+                await backoff.failed(exc)
+                continue
+            self._poke.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._poke.wait(), self.cadence_s)
+
+
+class CapacityReader:
+    """Follows summary streams with XREAD and hands each summary to ``deliver``.
+
+    ``streams`` maps a stream name to the child it describes. It starts from
+    the newest entry of each stream, so a restarted tier has a view at once.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        streams: Mapping[str, str],
+        deliver: Callable[[str, capacity_pb2.CapacitySummary], None],
+        *,
+        block_ms: int = 1000,
+    ) -> None:
+        self.redis = aioredis.Redis.from_url(
+            redis_url, socket_timeout=block_ms / 1000 + 1.0, socket_connect_timeout=1.0
+        )
+        self.streams = dict(streams)
+        self.deliver = deliver
+        self.block_ms = block_ms
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name="capacity reader")
+
+    def follow(self, streams: Mapping[str, str]) -> None:
+        """Follow these streams from now on (a reloaded topology); a new one is read
+        from its start within one ``block_ms``."""
+        self.streams = dict(streams)
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.redis.aclose()
+
+    def _take(self, stream: bytes | str, fields: Mapping[bytes, bytes]) -> None:
+        name = stream.decode() if isinstance(stream, bytes) else stream
+        raw = fields.get(SUMMARY_FIELD)
+        if raw is None or name not in self.streams:
+            return
+        summary = capacity_pb2.CapacitySummary()
+        try:
+            summary.ParseFromString(raw)
+        except Exception:  # a corrupt entry must not stop the reader
+            log.warning("unreadable summary in %s", name)
+            return
+        self.deliver(self.streams[name], summary)
+
+    async def _catch_up(self, last_ids: dict[str, bytes | str]) -> None:
+        for stream in self.streams:
+            newest: Any = await self.redis.xrevrange(stream, count=1)
+            if newest:
+                entry_id, fields = newest[0]
+                last_ids[stream] = entry_id
+                self._take(stream, fields)
+
+    async def _run(self) -> None:
+        backoff = Backoff("capacity reader")
+        last_ids: dict[str, bytes | str] = dict.fromkeys(self.streams, "0-0")
+        caught_up = False
+        while True:
+            for stream in self.streams.keys() - last_ids.keys():
+                last_ids[stream] = "0-0"
+            for stream in last_ids.keys() - self.streams.keys():
+                del last_ids[stream]
+            try:
+                if not caught_up:
+                    await self._catch_up(last_ids)
+                    caught_up = True
+                replies: Any = await self.redis.xread(
+                    last_ids,  # type: ignore[arg-type]
+                    block=self.block_ms,
+                )
+                backoff.succeeded()
+            except (RedisError, OSError) as exc:
+                caught_up = False  # Redis may have restarted empty: re-read the newest
+                await backoff.failed(exc)
+                continue
+            for stream, entries in replies or ():
+                name = stream.decode() if isinstance(stream, bytes) else stream
+                for entry_id, fields in entries:
+                    last_ids[name] = entry_id
+                    self._take(name, fields)

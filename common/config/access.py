@@ -1,0 +1,216 @@
+"""Who may call the fleet and how much: tenants and their keys, the Admin API's
+keys, mutual TLS between tiers, and request size limits — their configuration
+types and how the topology file's ``auth``, ``tls`` and ``limits`` sections are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from common.config.node import ConfigError, ConfigNode, require_positive, require_unique
+
+PRIORITY_ORDER = ("critical", "standard", "sheddable")
+
+
+@dataclass(frozen=True)
+class TenantConfig:
+    """A customer: its API keys (SHA-256 hex digests only), limits and rights."""
+
+    id: str
+    key_hashes: frozenset[str]
+    priority_ceiling: str = "standard"
+    requests_per_s: float | None = None
+    tokens_per_min: float | None = None
+    max_concurrent: int | None = None
+    # Data residency: the regions it may be served in (empty: any).
+    allowed_regions: frozenset[str] = frozenset()
+    weight: float = 1.0
+
+    def cap_priority(self, asked: str) -> str:
+        """The asked priority, lowered to the tenant's ceiling."""
+        if PRIORITY_ORDER.index(asked) < PRIORITY_ORDER.index(self.priority_ceiling):
+            return self.priority_ceiling
+        return asked
+
+
+@dataclass(frozen=True)
+class AuthConfig:
+    """Who may call the edge. ``enabled: false`` is for a trusted private deployment."""
+
+    enabled: bool = False
+    tenants: tuple[TenantConfig, ...] = ()
+    # SHA-256 digests of the keys that may call the Admin API at the global tier.
+    admin_key_hashes: frozenset[str] = frozenset()
+
+    @property
+    def tenant_ids(self) -> frozenset[str]:
+        return frozenset(t.id for t in self.tenants)
+
+    def tenant(self, tenant_id: str) -> TenantConfig | None:
+        for tenant in self.tenants:
+            if tenant.id == tenant_id:
+                return tenant
+        return None
+
+
+@dataclass(frozen=True)
+class TlsConfig:
+    """Mutual TLS between tiers (and optionally towards clients).
+
+    Every tier serves with ``cert``/``key`` and requires a client certificate
+    signed by ``ca`` from the tier above; every tier calls its children with the
+    same pair. ``client_facing`` makes the global endpoint TLS too (server-side
+    only: clients authenticate with API keys).
+    """
+
+    ca: str
+    cert: str
+    key: str
+    client_facing: bool = False
+
+
+# gRPC keeps message and metadata limits in C ints.
+GRPC_MAX_LIMIT = 2**31 - 1
+# Room for gRPC's own headers and the metadata tiers add between themselves.
+MIN_METADATA_BYTES = 8 * 1024
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How big a request may be; every tier enforces them before doing any work.
+
+    ``max_message_bytes`` and ``max_metadata_bytes`` are gRPC server options
+    (``common.request.server.server_options``): gRPC itself refuses a larger
+    message or header block with RESOURCE_EXHAUSTED before any Meridian code
+    runs. ``max_prompt_bytes`` (UTF-8 bytes of ``text_input``) and
+    ``max_inputs`` are checked by ``common.request.v2.parse_generate``
+    (INVALID_ARGUMENT).
+    """
+
+    max_message_bytes: int = 4 * 1024 * 1024
+    max_prompt_bytes: int = 256 * 1024
+    max_inputs: int = 16
+    max_metadata_bytes: int = 16 * 1024
+
+
+def _digests(node: ConfigNode, key: str, default: Any = ...) -> list[str]:
+    keys: list[Any] = node.get(key, default, kind=list)
+    for i, digest in enumerate(keys):
+        if not (isinstance(digest, str) and len(digest) == 64 and _is_hex(digest)):
+            raise ConfigError(
+                f"{node.key_path(key)}[{i}]: expected a SHA-256 hex digest "
+                "(64 hex characters; `meridian keygen` prints one)"
+            )
+    return keys
+
+
+def _tenant(node: ConfigNode, regions: set[str]) -> TenantConfig:
+    keys = _digests(node, "api_key_sha256")
+    ceiling = node.get("priority_ceiling", "standard", kind=str)
+    if ceiling not in PRIORITY_ORDER:
+        raise ConfigError(
+            f"{node.key_path('priority_ceiling')}: must be one of {', '.join(PRIORITY_ORDER)}"
+        )
+    allowed = node.get("allowed_regions", [], kind=list)
+    for name in allowed:
+        if name not in regions:
+            raise ConfigError(f"{node.key_path('allowed_regions')}: unknown region {name!r}")
+    limits: dict[str, float | None] = {}
+    for key in ("requests_per_s", "tokens_per_min"):
+        value = node.get(key, None, kind=(int, float, type(None)))
+        if value is not None and (isinstance(value, bool) or value <= 0):
+            raise ConfigError(f"{node.key_path(key)}: must be > 0, got {value!r}")
+        limits[key] = None if value is None else float(value)
+    concurrent = node.get("max_concurrent", None, kind=(int, type(None)))
+    if concurrent is not None and (isinstance(concurrent, bool) or concurrent <= 0):
+        raise ConfigError(f"{node.key_path('max_concurrent')}: must be > 0, got {concurrent!r}")
+    weight = node.get("weight", 1.0, kind=float)
+    require_positive(node, "weight", weight)
+    tenant = TenantConfig(
+        id=node.get("id", kind=str),
+        key_hashes=frozenset(d.lower() for d in keys),
+        priority_ceiling=ceiling,
+        requests_per_s=limits["requests_per_s"],
+        tokens_per_min=limits["tokens_per_min"],
+        max_concurrent=concurrent,
+        allowed_regions=frozenset(allowed),
+        weight=weight,
+    )
+    node.done()
+    return tenant
+
+
+def _is_hex(text: str) -> bool:
+    return all(c in "0123456789abcdefABCDEF" for c in text)
+
+
+def parse_auth(root: ConfigNode, regions: set[str]) -> AuthConfig:
+    if "auth" not in root.raw:
+        root.seen.add("auth")
+        return AuthConfig()
+    node = root.child("auth")
+    enabled = node.get("enabled", kind=bool)
+    tenants = tuple(_tenant(t, regions) for t in node.get_items("tenants"))
+    admin_keys = frozenset(d.lower() for d in _digests(node, "admin_keys", []))
+    node.done()
+    require_unique([t.id for t in tenants], "auth.tenants")
+    seen: set[str] = set()
+    for tenant in tenants:
+        if seen & tenant.key_hashes:
+            raise ConfigError(f"auth.tenants: an API key is shared by two tenants ({tenant.id})")
+        seen |= tenant.key_hashes
+    if seen & admin_keys:
+        raise ConfigError("auth.admin_keys: an admin key is also a tenant's API key")
+    if enabled and not tenants:
+        raise ConfigError("auth.tenants: authentication is enabled but no tenant is configured")
+    return AuthConfig(enabled=enabled, tenants=tenants, admin_key_hashes=admin_keys)
+
+
+def parse_tls(root: ConfigNode) -> TlsConfig | None:
+    if "tls" not in root.raw:
+        root.seen.add("tls")
+        return None
+    node = root.child("tls")
+    tls = TlsConfig(
+        ca=node.get("ca", kind=str),
+        cert=node.get("cert", kind=str),
+        key=node.get("key", kind=str),
+        client_facing=node.get("client_facing", False, kind=bool),
+    )
+    node.done()
+    for key in ("ca", "cert", "key"):
+        if not Path(getattr(tls, key)).is_file():
+            raise ConfigError(f"tls.{key}: no such file {getattr(tls, key)!r}")
+    return tls
+
+
+def parse_limits(root: ConfigNode) -> Limits:
+    if "limits" not in root.raw:
+        root.seen.add("limits")
+        return Limits()
+    node = root.child("limits")
+    default = Limits()
+    values: dict[str, int] = {}
+    for key, floor in (
+        ("max_message_bytes", 1),
+        ("max_prompt_bytes", 1),
+        ("max_inputs", 1),
+        ("max_metadata_bytes", MIN_METADATA_BYTES),
+    ):
+        value = node.get(key, getattr(default, key), kind=int)
+        if not floor <= value <= GRPC_MAX_LIMIT:
+            raise ConfigError(
+                f"{node.key_path(key)}: must be between {floor} and {GRPC_MAX_LIMIT}, got {value}"
+            )
+        values[key] = value
+    node.done()
+    limits = Limits(**values)
+    if limits.max_prompt_bytes >= limits.max_message_bytes:
+        raise ConfigError(
+            f"limits.max_prompt_bytes: {limits.max_prompt_bytes} can never be reached: "
+            f"a whole request may be only {limits.max_message_bytes} bytes "
+            "(limits.max_message_bytes)"
+        )
+    return limits

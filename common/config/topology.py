@@ -1,0 +1,354 @@
+"""Topology configuration: one YAML file describes a whole deployment.
+
+The file is read once at start into frozen dataclasses. Every key is checked:
+an unknown key, a missing key or a bad value raises ``ConfigError`` naming the
+key's path (``common.config.node``). Tenants, TLS and size limits are read by
+``common.config.access``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from common.basics.geo import GeoPoint
+from common.config.access import (
+    AuthConfig,
+    Limits,
+    TlsConfig,
+    parse_auth,
+    parse_limits,
+    parse_tls,
+)
+from common.config.node import (
+    ConfigError,
+    ConfigNode,
+    Endpoint,
+    parse_endpoint,
+    require_positive,
+    require_unique,
+)
+
+# Relative speed of each hardware class, A100 = 1.0 (DESIGN.md: H100 ~ 2x A100,
+# A100 ~ 1.7x V100).
+HARDWARE_SPEED: Mapping[str, float] = {"V100": 0.6, "A100": 1.0, "H100": 2.0, "H200": 2.3}
+# KV-cache capacity in tokens of a typical 7-13B model on each class's memory.
+HARDWARE_KV_TOKENS: Mapping[str, int] = {
+    "V100": 16_384,
+    "A100": 65_536,
+    "H100": 81_920,
+    "H200": 131_072,
+}
+
+
+DEFAULT_VERSIONS = frozenset({"1"})
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """One GPU inference server (a V2 endpoint) behind a local tier."""
+
+    name: str
+    endpoint: Endpoint
+    metrics_endpoint: Endpoint
+    hardware: str
+    models: tuple[str, ...]
+    throttle: float = 1.0
+    max_concurrency: int = 16
+    kv_cache_tokens: int = 65_536
+    # Versions served per model; a model listed without "@version" serves version "1".
+    versions: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def serves(self, model: str, version: str = "") -> bool:
+        """True when this GPU serves ``model`` (at ``version``, when one is asked for)."""
+        if model not in self.models:
+            return False
+        return not version or version in self.versions.get(model, DEFAULT_VERSIONS)
+
+    @property
+    def speed(self) -> float:
+        """Effective speed relative to an A100: hardware class times throttle."""
+        return HARDWARE_SPEED[self.hardware] * self.throttle
+
+
+@dataclass(frozen=True)
+class ZoneConfig:
+    """A zone: one local tier in front of its GPUs."""
+
+    name: str
+    location: GeoPoint
+    endpoint: Endpoint
+    gpus: tuple[GpuConfig, ...]
+    ops: Endpoint | None = None
+
+    @property
+    def models(self) -> frozenset[str]:
+        return frozenset(m for gpu in self.gpus for m in gpu.models)
+
+
+@dataclass(frozen=True)
+class RegionConfig:
+    """A region: one regional tier in front of its zones."""
+
+    name: str
+    location: GeoPoint
+    endpoint: Endpoint
+    zones: tuple[ZoneConfig, ...]
+    ops: Endpoint | None = None
+
+    @property
+    def models(self) -> frozenset[str]:
+        return frozenset(m for zone in self.zones for m in zone.models)
+
+
+@dataclass(frozen=True)
+class GlobalConfig:
+    """The global tier: the client-facing endpoint."""
+
+    endpoint: Endpoint
+    location: GeoPoint
+    # Ops HTTP (/healthz, /readyz, /api/state, /metrics); None: not served.
+    ops: Endpoint | None = None
+
+
+DEFAULT_TENANT_HEADROOM = 0.7
+
+
+@dataclass(frozen=True)
+class Topology:
+    """A whole deployment, as read from one YAML file."""
+
+    global_tier: GlobalConfig
+    regions: tuple[RegionConfig, ...]
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    summary_cadence_s: float = 0.5
+    # Readers use only the newest entry; 120 keeps a minute of history at 500 ms.
+    summary_stream_maxlen: int = 120
+    health_interval_s: float = 0.5
+    time_scale: float = 1.0
+    slow_start_window_s: float = 30.0
+    # Regions and zones that come back ramp their share up over this window.
+    failback_window_s: float = 10.0
+    # Fraction of a zone's slots a heavy tenant may not take while a light tenant
+    # is active (local_lb.tenancy); 0 is purely work-conserving.
+    tenant_headroom: float = DEFAULT_TENANT_HEADROOM
+    # Measured RTT, client region -> serving region -> ms; overrides distance estimates.
+    rtt_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    tls: TlsConfig | None = None
+    limits: Limits = field(default_factory=Limits)
+
+    @property
+    def models(self) -> frozenset[str]:
+        return frozenset(m for region in self.regions for m in region.models)
+
+    @property
+    def summary_ttl_s(self) -> float:
+        """A summary older than this means 'unknown' (three missed cadences)."""
+        return 3 * self.summary_cadence_s
+
+    def region(self, name: str) -> RegionConfig:
+        for region in self.regions:
+            if region.name == name:
+                return region
+        raise ConfigError(f"no region named {name!r}; known: {[r.name for r in self.regions]}")
+
+    def zone(self, region: str, zone: str) -> ZoneConfig:
+        for z in self.region(region).zones:
+            if z.name == zone:
+                return z
+        names = [z.name for z in self.region(region).zones]
+        raise ConfigError(f"no zone {zone!r} in region {region!r}; known: {names}")
+
+    def endpoints(self) -> Iterator[Endpoint]:
+        """Every endpoint the topology names (for port resolution and checks)."""
+        yield self.global_tier.endpoint
+        for region in self.regions:
+            yield region.endpoint
+            for zone in region.zones:
+                yield zone.endpoint
+                for gpu in zone.gpus:
+                    yield gpu.endpoint
+                    yield gpu.metrics_endpoint
+
+
+# --------------------------------------------------------------------------- parsing
+
+
+def _location(node: ConfigNode, key: str, default: GeoPoint | None = None) -> GeoPoint:
+    if key not in node.raw and default is not None:
+        node.seen.add(key)
+        return default
+    loc = node.child(key)
+    point = GeoPoint(loc.get("lat", kind=float), loc.get("lon", kind=float))
+    loc.done()
+    if not (-90 <= point.lat <= 90 and -180 <= point.lon <= 180):
+        raise ConfigError(f"{loc.path}: lat must be in [-90, 90] and lon in [-180, 180]")
+    return point
+
+
+def _gpu(node: ConfigNode) -> GpuConfig:
+    hardware = node.get("hardware", kind=str)
+    if hardware not in HARDWARE_SPEED:
+        raise ConfigError(
+            f"{node.key_path('hardware')}: unknown hardware class {hardware!r}; "
+            f"known: {sorted(HARDWARE_SPEED)}"
+        )
+    entries = node.get("models", kind=list)
+    if not entries or not all(isinstance(m, str) and m and not m.startswith("@") for m in entries):
+        raise ConfigError(
+            f"{node.key_path('models')}: expected a non-empty list of model names "
+            "('name' or 'name@version')"
+        )
+    versions: dict[str, set[str]] = {}
+    for entry in entries:
+        name, _, version = entry.partition("@")
+        versions.setdefault(name, set()).add(version or "1")
+    models = list(versions)
+    throttle = node.get("throttle", 1.0, kind=float)
+    if not 0 < throttle <= 1:
+        raise ConfigError(f"{node.key_path('throttle')}: must be in (0, 1], got {throttle}")
+    max_concurrency = node.get("max_concurrency", 16, kind=int)
+    require_positive(node, "max_concurrency", max_concurrency)
+    kv_tokens = node.get("kv_cache_tokens", HARDWARE_KV_TOKENS[hardware], kind=int)
+    require_positive(node, "kv_cache_tokens", kv_tokens)
+    gpu = GpuConfig(
+        name=node.get("name", kind=str),
+        endpoint=parse_endpoint(node.get("listen"), node.key_path("listen")),
+        metrics_endpoint=parse_endpoint(
+            node.get("metrics_listen", "127.0.0.1:0"), node.key_path("metrics_listen")
+        ),
+        hardware=hardware,
+        models=tuple(models),
+        throttle=throttle,
+        max_concurrency=max_concurrency,
+        kv_cache_tokens=kv_tokens,
+        versions={m: frozenset(v) for m, v in versions.items()},
+    )
+    node.done()
+    return gpu
+
+
+def _names(zone: ZoneConfig) -> tuple[str, ...]:
+    return (zone.name, *(g.name for g in zone.gpus))
+
+
+def _rtt_matrix(root: ConfigNode, regions: set[str]) -> dict[str, dict[str, float]]:
+    raw = root.get("rtt_ms", {}, kind=dict)
+    matrix: dict[str, dict[str, float]] = {}
+    for src, row in raw.items():
+        path = f"rtt_ms.{src}"
+        if src not in regions or not isinstance(row, dict):
+            raise ConfigError(f"{path}: expected a known region mapping to {{region: ms}}")
+        matrix[src] = {}
+        for dst, ms in row.items():
+            if dst not in regions:
+                raise ConfigError(f"{path}.{dst}: unknown region")
+            if isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0:
+                raise ConfigError(f"{path}.{dst}: expected milliseconds >= 0, got {ms!r}")
+            matrix[src][dst] = float(ms)
+    return matrix
+
+
+def _ops(node: ConfigNode) -> Endpoint | None:
+    """The optional ``ops_listen`` address of a tier (absent: no ops HTTP)."""
+    text = node.get("ops_listen", None)
+    return None if text is None else parse_endpoint(text, node.key_path("ops_listen"))
+
+
+def topology_from_mapping(raw: Any) -> Topology:
+    """Build and validate a ``Topology`` from parsed YAML."""
+    root = ConfigNode(raw, "")
+    glob = root.child("global")
+    global_tier = GlobalConfig(
+        endpoint=parse_endpoint(glob.get("listen"), glob.key_path("listen")),
+        location=_location(glob, "location"),
+        ops=_ops(glob),
+    )
+    glob.done()
+    regions = []
+    for rnode in root.items("regions"):
+        rloc = _location(rnode, "location")
+        zones = []
+        for znode in rnode.items("zones"):
+            gpus = tuple(_gpu(g) for g in znode.items("gpus"))
+            require_unique([g.name for g in gpus], znode.key_path("gpus"))
+            zones.append(
+                ZoneConfig(
+                    name=znode.get("name", kind=str),
+                    location=_location(znode, "location", rloc),
+                    endpoint=parse_endpoint(znode.get("listen"), znode.key_path("listen")),
+                    gpus=gpus,
+                    ops=_ops(znode),
+                )
+            )
+            znode.done()
+        require_unique([z.name for z in zones], rnode.key_path("zones"))
+        regions.append(
+            RegionConfig(
+                name=rnode.get("name", kind=str),
+                location=rloc,
+                endpoint=parse_endpoint(rnode.get("listen"), rnode.key_path("listen")),
+                zones=tuple(zones),
+                ops=_ops(rnode),
+            )
+        )
+        rnode.done()
+    require_unique([r.name for r in regions], "regions")
+    # The Admin API addresses a region, zone or GPU by name alone.
+    require_unique(
+        [n for r in regions for n in (r.name, *(n for z in r.zones for n in _names(z)))],
+        "regions: region, zone and GPU names together",
+    )
+    cadence = root.get("summary_cadence_s", 0.5, kind=float)
+    require_positive(root, "summary_cadence_s", cadence)
+    maxlen = root.get("summary_stream_maxlen", 120, kind=int)
+    require_positive(root, "summary_stream_maxlen", maxlen)
+    health = root.get("health_interval_s", 0.5, kind=float)
+    require_positive(root, "health_interval_s", health)
+    time_scale = root.get("time_scale", 1.0, kind=float)
+    require_positive(root, "time_scale", time_scale)
+    slow_start = root.get("slow_start_window_s", 30.0, kind=float)
+    if slow_start < 0:
+        raise ConfigError(f"slow_start_window_s: must be >= 0, got {slow_start}")
+    failback = root.get("failback_window_s", 10.0, kind=float)
+    if failback < 0:
+        raise ConfigError(f"failback_window_s: must be >= 0, got {failback}")
+    headroom = root.get("tenant_headroom", DEFAULT_TENANT_HEADROOM, kind=float)
+    if not 0.0 <= headroom <= 0.9:
+        raise ConfigError(f"tenant_headroom: must be between 0 and 0.9, got {headroom}")
+    rtt = _rtt_matrix(root, {r.name for r in regions})
+    auth = parse_auth(root, {r.name for r in regions})
+    tls = parse_tls(root)
+    limits = parse_limits(root)
+    topology = Topology(
+        global_tier=global_tier,
+        regions=tuple(regions),
+        redis_url=root.get("redis_url", "redis://127.0.0.1:6379/0", kind=str),
+        summary_cadence_s=cadence,
+        summary_stream_maxlen=maxlen,
+        health_interval_s=health,
+        time_scale=time_scale,
+        slow_start_window_s=slow_start,
+        failback_window_s=failback,
+        tenant_headroom=headroom,
+        rtt_ms=rtt,
+        auth=auth,
+        tls=tls,
+        limits=limits,
+    )
+    root.done()
+    return topology
+
+
+def load_topology(path: str | Path) -> Topology:
+    """Read and validate a topology YAML file."""
+    try:
+        raw = yaml.safe_load(Path(path).read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    return topology_from_mapping(raw)

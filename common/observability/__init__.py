@@ -1,0 +1,2 @@
+"""What operators see: the metrics registry and the tiers' metric definitions,
+tracing, time series, the trace view."""

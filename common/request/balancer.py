@@ -1,0 +1,130 @@
+"""How a tier turns a picker's ranking into a reserved child for one attempt.
+
+The proxy core asks its balancer for a ``Lease`` before each attempt and gives
+it back with the ``Outcome``. ``RankingBalancer`` (regional and global tiers)
+walks the picker's ranking, skipping children already tried. The local tier
+has its own balancer with slots, a central queue and outlier ejection
+(``local_lb/balancer.py``); both satisfy ``Balancer``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import grpc
+
+from common.basics.errors import RouteError
+from common.basics.geo import great_circle_km
+from common.capacity.summary import CAPACITY_HINT, decode_hint
+from common.request.children import Child, ChildSet
+from common.request.pick import Picker, PickRequest
+from common.request.routing import trailer
+
+# Status codes that say the child itself is broken or unreachable.
+CHILD_FAULT_CODES = frozenset(
+    {
+        grpc.StatusCode.UNAVAILABLE,
+        grpc.StatusCode.INTERNAL,
+        grpc.StatusCode.UNKNOWN,
+        grpc.StatusCode.DATA_LOSS,
+    }
+)
+
+
+@dataclass
+class Lease:
+    """A child reserved for one attempt of one request."""
+
+    child: Child
+    work: float
+    started_at: float
+    # Requests in flight on the child when this one started (itself included).
+    concurrent: int = 1
+    # Per-attempt notes. Balancers explain their decision for the trace here:
+    # "reason", "candidates" (how many were ranked), and optionally "estimated_s",
+    # "queued_s" (time spent waiting in a queue) and "policy".
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, as the balancer needs to learn from it."""
+
+    code: grpc.StatusCode
+    elapsed_s: float
+    completion_tokens: int = 0
+    trailers: Any = ()
+    detail: str = ""
+
+    @property
+    def child_fault(self) -> bool:
+        return self.code in CHILD_FAULT_CODES
+
+
+class Balancer(Protocol):
+    """Reserves a child for an attempt and learns from how it ended."""
+
+    async def acquire(
+        self, pick: PickRequest, tried: Collection[str], timeout: float | None
+    ) -> Lease: ...
+
+    def release(self, lease: Lease, outcome: Outcome) -> None: ...
+
+    def ranked(self, pick: PickRequest) -> list[Child]: ...
+
+
+class RankingBalancer:
+    """The next child in the picker's ranking that was not tried yet."""
+
+    def __init__(self, picker: Picker, children: ChildSet) -> None:
+        self.picker = picker
+        self.children = children
+
+    def ranked(self, pick: PickRequest) -> list[Child]:
+        return self.picker.rank(pick, self.children.children, self.children.clock())
+
+    async def acquire(
+        self, pick: PickRequest, tried: Collection[str], timeout: float | None
+    ) -> Lease:
+        ranked = self.ranked(pick)
+        for child in ranked:
+            if child.name not in tried:
+                child.outstanding_requests += 1
+                child.outstanding_work += pick.work_tokens
+                lease = Lease(child, pick.work_tokens, self.children.clock())
+                lease.extra.update(
+                    candidates=len(ranked), reason=self.reason(pick, child, ranked, tried)
+                )
+                return lease
+        reason = self.children.nothing_healthy(pick.model, tried, pick.allowed_regions)
+        if pick.allowed_regions:
+            allowed = ", ".join(sorted(pick.allowed_regions))
+            reason = f"data residency: this tenant may be served only in {allowed}; {reason}"
+        raise RouteError.unavailable(reason)
+
+    def reason(
+        self, pick: PickRequest, child: Child, ranked: list[Child], tried: Collection[str]
+    ) -> str:
+        """Why ``child`` was chosen, for the decision span: a failover, the nearest
+        child, or a spill away from the nearest (no headroom or its share used up)."""
+        if tried:
+            return "failover"
+        origin = pick.origin
+        if origin is None or child.location is None:
+            return "ranked first"
+        nearest = min(
+            ranked, key=lambda c: great_circle_km(origin, c.location) if c.location else 1e9
+        )
+        return f"nearest {self.children.kind}" if nearest is child else "spill"
+
+    def release(self, lease: Lease, outcome: Outcome) -> None:
+        lease.child.outstanding_requests -= 1
+        lease.child.outstanding_work -= lease.work
+        hint = decode_hint(trailer(outcome.trailers, CAPACITY_HINT), lease.extra.get("model", ""))
+        if outcome.child_fault and hint is None:
+            # No hint: the child itself did not answer (a tier that answers with a
+            # hint is up, and the hint says what it lacks).
+            self.children.mark_failed(lease.child, f"{outcome.code.name}: {outcome.detail}")
+        self.children.take_hint(lease.child, hint)

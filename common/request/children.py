@@ -1,0 +1,380 @@
+"""A tier's view of its children: channels, direct health evidence, load, summaries.
+
+Every tier routes over a ``ChildSet``. It owns one gRPC channel per child,
+follows each child's grpc.health.v1 Watch (re-probing ServerReady while a
+child is down), and takes capacity summaries
+from the Redis reader. Pickers read ``Child`` state; only this module and the
+proxy core write it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
+from dataclasses import dataclass, field
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common.basics.geo import GeoPoint
+from common.basics.tasks import cancel_and_wait
+from common.capacity.summary import combine_replicas, significant_change
+from common.config.node import Endpoint
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.gen.meridian.v1 import capacity_pb2
+from common.request.server import CHANNEL_OPTIONS, V2_SERVICE
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+
+
+@dataclass(eq=False)
+class Child:
+    """One child endpoint (a region, a zone or a GPU) and what this tier knows of it."""
+
+    name: str
+    endpoint: Endpoint
+    models: frozenset[str]
+    location: GeoPoint | None = None
+    speed: float = 1.0
+    # Direct evidence: the last probe or forward succeeded.
+    healthy: bool = True
+    # Set by the Admin API: no new requests, in-flight ones finish, health still watched.
+    drained: bool = False
+    # When direct evidence last turned healthy (-inf: healthy from the start).
+    healthy_since: float = float("-inf")
+    last_error: str = ""
+    # Load this tier put on the child and has not seen finish.
+    outstanding_requests: int = 0
+    outstanding_work: float = 0.0
+    # outstanding_requests when the newest capacity report arrived: what was sent
+    # since then is not in the report yet.
+    outstanding_at_report: int = 0
+    # Newest capacity summary (replicas combined) and when it arrived (this tier's
+    # monotonic clock); the newest summary of each publishing replica.
+    summary: capacity_pb2.CapacitySummary | None = None
+    summary_received_at: float = 0.0
+    replicas: dict[str, tuple[capacity_pb2.CapacitySummary, float]] = field(
+        default_factory=dict, repr=False
+    )
+    # A compact capacity hint from the child's last response, fresher than summaries.
+    hint: capacity_pb2.ModelCapacity | None = None
+    hint_at: float = float("-inf")
+    stub: pb_grpc.GRPCInferenceServiceStub | None = field(default=None, repr=False)
+    # The channel under ``stub`` (the Admin API calls the child's tier over it too).
+    channel: grpc.aio.Channel | None = field(default=None, repr=False)
+
+    def fresh_summary(self, now: float, ttl_s: float) -> capacity_pb2.CapacitySummary | None:
+        """The summary if younger than ``ttl_s``; a stale one reads as unknown (None)."""
+        if self.summary is None or now - self.summary_received_at > ttl_s:
+            return None
+        return self.summary
+
+    def model_capacity(
+        self, model: str, now: float, ttl_s: float
+    ) -> capacity_pb2.ModelCapacity | None:
+        """The newest fresh report for ``model`` (summary entry or response hint);
+        None when unknown."""
+        if self.hint is not None and self.hint.model == model and now - self.hint_at <= ttl_s:
+            if self.hint_at >= self.summary_received_at:
+                return self.hint
+        summary = self.fresh_summary(now, ttl_s)
+        if summary is None:
+            return None
+        for entry in summary.models:
+            if entry.model == model:
+                return entry
+        return None
+
+    def may_serve(self, model: str, now: float, ttl_s: float) -> bool:
+        """Healthy by direct evidence, not drained, serves ``model``, and no fresh summary
+        says it has no healthy GPU for it (a stale summary, or unknown parts, prove nothing)."""
+        if not self.healthy or self.drained or model not in self.models:
+            return False
+        entry = self.model_capacity(model, now, ttl_s)
+        return entry is None or entry.healthy_gpus > 0 or entry.unknown_children > 0
+
+
+class ChildSet:
+    """The children of one tier, with channels and a health-probe loop."""
+
+    def __init__(
+        self,
+        children: Iterable[Child],
+        *,
+        probe_interval_s: float,
+        summary_ttl_s: float,
+        kind: str = "child",
+        probe: bool = True,
+        clock: Clock = time.monotonic,
+        credentials: grpc.ChannelCredentials | None = None,
+    ) -> None:
+        self.children = tuple(children)
+        # TLS towards the children (common.config.tls.tier_channel_credentials); None: plaintext.
+        self.credentials = credentials
+        self.kind = kind
+        # False when another component (the local tier's BackendMonitor) checks health.
+        self.probe = probe
+        self.by_name = {c.name: c for c in self.children}
+        self.probe_interval_s = probe_interval_s
+        self.summary_ttl_s = summary_ttl_s
+        self.clock = clock
+        # Called on every health transition (publishers publish at once, the local
+        # tier re-derives its free pools).
+        self._listeners: list[Callable[[], None]] = []
+        self._channels: list[grpc.aio.Channel] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        # Per child: its health watch; children being retired (common.operations.reload).
+        self._watches: dict[str, asyncio.Task[None]] = {}
+        self._retiring: set[asyncio.Task[None]] = set()
+        self._leaving: set[str] = set()
+
+    def add_listener(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
+
+    def _changed(self) -> None:
+        for listener in self._listeners:
+            listener()
+
+    def __iter__(self) -> Iterator[Child]:
+        return iter(self.children)
+
+    def _open(self, child: Child) -> grpc.aio.Channel:
+        address = child.endpoint.address
+        if self.credentials is None:
+            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+        else:
+            channel = grpc.aio.secure_channel(address, self.credentials, options=CHANNEL_OPTIONS)
+        self._channels.append(channel)
+        child.channel = channel
+        child.stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        return channel
+
+    def _start_watch(self, child: Child) -> None:
+        assert child.channel is not None
+        task = asyncio.create_task(self._watch(child, child.channel), name=f"watch {child.name}")
+        self._watches[child.name] = task
+
+    async def start(self) -> None:
+        for child in self.children:
+            self._open(child)
+        if self.probe:
+            await self.probe_all()
+            self._tasks.append(asyncio.create_task(self._probe_loop(), name="child-probes"))
+            for child in self.children:
+                self._start_watch(child)
+
+    async def stop(self) -> None:
+        await cancel_and_wait([*self._tasks, *self._watches.values(), *self._retiring])
+        for channel in self._channels:
+            await channel.close()
+
+    # ------------------------------------------------------------------ admin changes
+
+    def set_drained(self, child: Child, drained: bool) -> bool:
+        """Drain (no new requests; in-flight ones finish) or undrain ``child``;
+        False (nothing done) for undraining a child being retired, which stays
+        drained until it is gone.
+
+        Health watching goes on, and a drained child is not a failure: nothing
+        is marked down. Listeners hear of it at once (publishers publish the
+        lost capacity, the local tier drops the GPU from its free pools)."""
+        if not drained and child.name in self._leaving:
+            return False
+        if child.drained != drained:
+            log.info("%s %s %s", self.kind, child.name, "drained" if drained else "undrained")
+            child.drained = drained
+            self._changed()
+        return True
+
+    async def add(self, child: Child) -> None:
+        """A child new in a reloaded topology: open its channel, watch its health."""
+        if child.name in self.by_name:
+            raise ValueError(f"{self.kind} {child.name!r} already exists")
+        self._open(child)
+        self.children = (*self.children, child)
+        self.by_name[child.name] = child
+        if self.probe:
+            await self._probe(child)
+            self._start_watch(child)
+        self._changed()
+
+    def retire(
+        self,
+        child: Child,
+        on_gone: Callable[[Child], Awaitable[None]] | None = None,
+        poll_s: float = 0.05,
+    ) -> None:
+        """A child gone from a reloaded topology: drain it now (it cannot be
+        undrained any more); once its in-flight calls have ended, run ``on_gone``,
+        forget it and stop watching it, and close its channel once no call is on
+        it (one that raced ``on_gone`` ends first). Retiring a child twice is a
+        no-op. In-flight calls are polled every ``poll_s``: the counter is plain
+        and written by the balancers, so there is no event to wait on."""
+        if child.name in self._leaving:
+            return
+        self._leaving.add(child.name)
+        self.set_drained(child, True)
+
+        async def finish() -> None:
+            try:
+                await _idle(child, poll_s)
+                if on_gone is not None:
+                    try:
+                        await on_gone(child)
+                    except Exception:  # its own state is the caller's; forget it anyway
+                        log.exception("%s %s: clean-up on removal failed", self.kind, child.name)
+            finally:
+                self._leaving.discard(child.name)
+            self.children = tuple(c for c in self.children if c is not child)
+            if self.by_name.get(child.name) is child:
+                del self.by_name[child.name]
+            watch = self._watches.pop(child.name, None)
+            if watch is not None:
+                watch.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await watch
+            self._changed()
+            await _idle(child, poll_s)
+            if child.channel is not None:
+                self._channels.remove(child.channel)
+                await child.channel.close()
+            log.info("%s %s removed", self.kind, child.name)
+
+        task = asyncio.create_task(finish(), name=f"retire {child.name}")
+        self._retiring.add(task)
+        task.add_done_callback(self._retiring.discard)
+
+    def leaving(self, name: str) -> bool:
+        """True while child ``name`` is retired but still finishing in-flight calls."""
+        return name in self._leaving
+
+    def mark_failed(self, child: Child, error: str) -> None:
+        """A forward to ``child`` failed: stop routing to it until a probe succeeds."""
+        if child.healthy:
+            log.warning("child %s marked down: %s", child.name, error)
+            child.healthy = False
+            self._changed()
+        child.last_error = error
+
+    def mark_healthy(self, child: Child) -> None:
+        if not child.healthy:
+            log.info("child %s is back", child.name)
+            child.healthy = True
+            child.healthy_since = self.clock()
+            child.last_error = ""
+            self._changed()
+
+    def take_summary(self, child_name: str, summary: capacity_pb2.CapacitySummary) -> None:
+        """Record a summary from the Redis reader.
+
+        Kept per publishing replica (older sequences of a source are ignored,
+        replicas past the TTL dropped) and combined without double counting.
+        A significant change (healthy GPUs, or a utilisation band crossed)
+        notifies the listeners at once.
+        """
+        child = self.by_name.get(child_name)
+        if child is None:
+            return
+        now = self.clock()
+        known = child.replicas.get(summary.source_id)
+        if known is not None and summary.sequence <= known[0].sequence:
+            return
+        child.replicas[summary.source_id] = (summary, now)
+        for source, (_, at) in list(child.replicas.items()):
+            if now - at > self.summary_ttl_s:
+                del child.replicas[source]
+        old = child.summary
+        child.summary = combine_replicas([s for s, _ in child.replicas.values()])
+        child.summary_received_at = now
+        child.outstanding_at_report = child.outstanding_requests
+        if old is None or significant_change(old, child.summary):
+            self._changed()
+
+    def take_hint(self, child: Child, hint: capacity_pb2.ModelCapacity | None) -> None:
+        """Record the capacity hint a child put on a response."""
+        if hint is not None:
+            child.hint = hint
+            child.hint_at = self.clock()
+            child.outstanding_at_report = child.outstanding_requests
+
+    def nothing_healthy(
+        self, model: str, tried: Collection[str] = (), only: Collection[str] = ()
+    ) -> str:
+        """Why no child can take a request for ``model``: each child and its state."""
+        states = []
+        for c in self.children:
+            if model not in c.models or (only and c.name not in only):
+                continue
+            why = (
+                "already tried"
+                if c.name in tried
+                else "drained"
+                if c.drained
+                else c.last_error or "no capacity"
+            )
+            states.append(f"{c.name} ({why})")
+        return f"no healthy {self.kind} can serve model {model!r}: " + "; ".join(states)
+
+    def any_healthy(self) -> bool:
+        return any(c.healthy for c in self.children)
+
+    async def probe_all(self) -> None:
+        await asyncio.gather(*(self._probe(c) for c in self.children))
+
+    async def _probe(self, child: Child) -> None:
+        assert child.stub is not None
+        try:
+            reply = await child.stub.ServerReady(
+                pb.ServerReadyRequest(), timeout=max(0.2, self.probe_interval_s)
+            )
+        except grpc.aio.AioRpcError as exc:
+            self.mark_failed(child, f"probe: {exc.code().name}: {exc.details()}")
+            return
+        if reply.ready:
+            self.mark_healthy(child)
+        else:
+            self.mark_failed(child, "probe: ServerReady says not ready")
+
+    async def _probe_loop(self) -> None:
+        """Re-probe the children marked down (a health watch reports only changes, and a
+        failed forward may have marked down a child whose health never changed)."""
+        while True:
+            await asyncio.sleep(self.probe_interval_s)
+            try:
+                down = [c for c in self.children if not c.healthy and c.stub is not None]
+                await asyncio.gather(*(self._probe(c) for c in down))
+            except Exception:  # a probe bug must not stop probing
+                log.exception("health probe round failed")
+
+    async def _watch(self, child: Child, channel: grpc.aio.Channel) -> None:
+        """Follow the child's grpc.health.v1 Watch: a child that stops serving, or whose
+        process dies (the stream breaks), is marked down at once."""
+        stub = health_pb2_grpc.HealthStub(channel)
+        request = health_pb2.HealthCheckRequest(service=V2_SERVICE)
+        backoff = 0.1
+        while True:
+            try:
+                async for reply in stub.Watch(request):
+                    backoff = 0.1
+                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
+                        self.mark_healthy(child)
+                    else:
+                        self.mark_failed(child, "health: not serving")
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return  # no health service: the ServerReady probes must do
+                self.mark_failed(child, f"health: {exc.code().name}: {exc.details()}")
+            await asyncio.sleep(backoff)
+            backoff = min(1.0, 2 * backoff)
+
+
+async def _idle(child: Child, poll_s: float) -> None:
+    """Return once no call this tier sent to ``child`` is in flight."""
+    while child.outstanding_requests > 0:  # noqa: ASYNC110 (a plain counter, no event)
+        await asyncio.sleep(poll_s)

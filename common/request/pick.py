@@ -1,0 +1,41 @@
+"""What a picker sees of a request, and the picker contract."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from common.basics.geo import GeoPoint
+from common.request.children import Child
+
+
+@dataclass(frozen=True)
+class PickRequest:
+    """What a picker sees of a request."""
+
+    model: str
+    version: str
+    origin: GeoPoint | None
+    session: str | None
+    priority: str
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+    tenant: str = ""
+    # The client's declared region (x-meridian-client-region), for a measured RTT matrix.
+    client_region: str | None = None
+    # Data residency: the regions this request may be served in (empty: any).
+    allowed_regions: frozenset[str] = frozenset()
+    # Chained hashes of the prompt's leading blocks (common.request.prefix), computed at the edge.
+    prefix_blocks: tuple[int, ...] = ()
+
+    @property
+    def work_tokens(self) -> float:
+        """Work this request adds to a child, in tokens (prefill plus decode)."""
+        return float(self.prompt_tokens + self.max_tokens)
+
+
+class Picker(Protocol):
+    """Ranks the children that may serve a request, best first. Pure: no I/O."""
+
+    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]: ...

@@ -1,0 +1,296 @@
+"""KServe V2 generate-convention helpers shared by every tier and the emulated GPU.
+
+An LLM request carries a BYTES input ``text_input`` and ``max_tokens`` as a
+request parameter (or an INT32/INT64 input); the reply carries a BYTES output
+``text_output``. BYTES tensors in ``raw_*_contents`` are a sequence of
+4-byte little-endian lengths each followed by that many bytes (Triton's
+serialisation), which stock clients read back with numpy.
+
+``parse_generate`` is the one gate every request passes at every tier: for any
+message protobuf can decode it returns a ``GenerateRequest`` or raises
+``RouteError`` (INVALID_ARGUMENT), never anything else, so no request can turn
+into UNKNOWN or INTERNAL. Inputs other than ``text_input`` and ``max_tokens``
+are not interpreted (the model behind may use them) but count towards
+``Limits.max_inputs``.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from common.basics.errors import RouteError
+from common.config.access import Limits
+from common.gen.inference import grpc_service_pb2 as pb
+
+TEXT_INPUT = "text_input"
+TEXT_OUTPUT = "text_output"
+MAX_TOKENS = "max_tokens"
+STREAM = "stream"
+FINAL_RESPONSE = "triton_final_response"
+DEFAULT_MAX_TOKENS = 16
+MAX_TOKENS_LIMIT = 8192
+
+# Integer datatypes and their raw little-endian ``struct`` format.
+_INT_FORMATS = {
+    "INT8": "<b",
+    "INT16": "<h",
+    "INT32": "<i",
+    "INT64": "<q",
+    "UINT8": "<B",
+    "UINT16": "<H",
+    "UINT32": "<I",
+    "UINT64": "<Q",
+}
+# Longest model name or version accepted (they are echoed in error messages, which
+# travel in a trailer that gRPC bounds by size).
+MAX_NAME_CHARS = 256
+# Longest integer written as a string parameter (int() refuses > 4300 digits).
+_MAX_INT_DIGITS = 20
+DEFAULT_LIMITS = Limits()
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    """What the router needs to know about a generate-style request."""
+
+    model: str
+    version: str
+    prompt: str
+    max_tokens: int
+
+    @property
+    def prompt_tokens(self) -> int:
+        """Token count estimate: whitespace words (the emulated GPU uses the same rule)."""
+        return len(self.prompt.split())
+
+
+def encode_bytes_tensor(items: list[bytes]) -> bytes:
+    """Serialise BYTES elements the way Triton puts them in raw contents."""
+    return b"".join(struct.pack("<I", len(item)) + item for item in items)
+
+
+def decode_bytes_tensor(raw: bytes) -> list[bytes]:
+    """Inverse of ``encode_bytes_tensor``; ``ValueError`` on a truncated buffer."""
+    items, offset = [], 0
+    while offset < len(raw):
+        if offset + 4 > len(raw):
+            raise ValueError("truncated BYTES element length")
+        (length,) = struct.unpack_from("<I", raw, offset)
+        offset += 4
+        if offset + length > len(raw):
+            raise ValueError("BYTES element runs past the end of the buffer")
+        items.append(raw[offset : offset + length])
+        offset += length
+    return items
+
+
+def _param_int(param: pb.InferParameter, where: str) -> int:
+    kind = param.WhichOneof("parameter_choice")
+    if kind in ("int64_param", "uint64_param"):
+        return int(getattr(param, kind))
+    if kind == "string_param":
+        text = param.string_param.strip()
+        digits = text.removeprefix("-")
+        if digits.isascii() and digits.isdigit() and len(digits) <= _MAX_INT_DIGITS:
+            return int(text)
+        raise RouteError.invalid(f"{where} must be an integer, got string {text[:32]!r}")
+    raise RouteError.invalid(f"{where} must be an integer, got {kind or 'nothing'}")
+
+
+def parse_generate(
+    request: pb.ModelInferRequest, limits: Limits = DEFAULT_LIMITS
+) -> GenerateRequest:
+    """Validate a generate-style request; raise ``RouteError`` (INVALID_ARGUMENT) if ill-formed.
+
+    Checks, in order: the model name and version, the number of inputs (``limits.max_inputs``),
+    duplicate input names, raw contents matching inputs one to one, then the
+    ``text_input`` prompt (BYTES, one element, shape matching, at most
+    ``limits.max_prompt_bytes``, UTF-8) and ``max_tokens`` (1..MAX_TOKENS_LIMIT).
+    """
+    if not request.model_name:
+        raise RouteError.invalid("model_name is empty; name the model to run")
+    for what, value in (
+        ("model_name", request.model_name),
+        ("model_version", request.model_version),
+    ):
+        if len(value) > MAX_NAME_CHARS:
+            raise RouteError.invalid(
+                f"{what} is {len(value)} characters long; at most {MAX_NAME_CHARS} are accepted"
+            )
+    if len(request.inputs) > limits.max_inputs:
+        raise RouteError.invalid(
+            f"the request has {len(request.inputs)} inputs; at most {limits.max_inputs} "
+            "are accepted (limits.max_inputs)"
+        )
+    names: set[str] = set()
+    for tensor in request.inputs:
+        if tensor.name in names:
+            raise RouteError.invalid(f"input {tensor.name[:64]!r} appears more than once")
+        names.add(tensor.name)
+    use_raw = len(request.raw_input_contents) > 0
+    if use_raw and len(request.raw_input_contents) != len(request.inputs):
+        raise RouteError.invalid(
+            f"raw_input_contents has {len(request.raw_input_contents)} entries but the "
+            f"request has {len(request.inputs)} inputs; they must match one to one"
+        )
+    prompt: str | None = None
+    max_tokens: int | None = None
+    for i, tensor in enumerate(request.inputs):
+        if tensor.name == TEXT_INPUT:
+            prompt = _text_input(request, i, use_raw, limits)
+        elif tensor.name == MAX_TOKENS:
+            max_tokens = _max_tokens_input(request, i, use_raw)
+    if prompt is None:
+        raise RouteError.invalid(
+            f"missing BYTES input '{TEXT_INPUT}' (the prompt); generate requests need it"
+        )
+    if MAX_TOKENS in request.parameters:
+        max_tokens = _param_int(request.parameters[MAX_TOKENS], f"parameter '{MAX_TOKENS}'")
+    if max_tokens is None:
+        max_tokens = DEFAULT_MAX_TOKENS
+    if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+        raise RouteError.invalid(
+            f"'{MAX_TOKENS}' must be between 1 and {MAX_TOKENS_LIMIT}, got {max_tokens}"
+        )
+    return GenerateRequest(request.model_name, request.model_version, prompt, max_tokens)
+
+
+def _check_shape(tensor: pb.ModelInferRequest.InferInputTensor, elements: int) -> None:
+    """INVALID_ARGUMENT unless the declared shape holds exactly ``elements`` elements."""
+    shape = list(tensor.shape)[:8]  # as much as a message needs to show
+    declared = 1
+    for dim in tensor.shape:
+        if dim < 0:
+            raise RouteError.invalid(
+                f"input '{tensor.name}' has a negative dimension in shape {shape}"
+            )
+        declared *= dim
+        if declared > elements:
+            break
+    if declared != elements:
+        raise RouteError.invalid(
+            f"input '{tensor.name}' has shape {shape} but holds {elements} element(s); "
+            f"the shape must match the contents (e.g. [{elements}])"
+        )
+
+
+def _text_input(request: pb.ModelInferRequest, index: int, use_raw: bool, limits: Limits) -> str:
+    tensor = request.inputs[index]
+    if tensor.datatype != "BYTES":
+        raise RouteError.invalid(
+            f"input '{TEXT_INPUT}' must have datatype BYTES, got {tensor.datatype[:32]!r}"
+        )
+    try:
+        items = (
+            decode_bytes_tensor(request.raw_input_contents[index])
+            if use_raw
+            else list(tensor.contents.bytes_contents)
+        )
+    except ValueError as exc:
+        raise RouteError.invalid(f"input '{TEXT_INPUT}': {exc}") from None
+    if len(items) != 1:
+        raise RouteError.invalid(
+            f"input '{TEXT_INPUT}' must hold exactly one element, got {len(items)}"
+        )
+    _check_shape(tensor, 1)
+    if len(items[0]) > limits.max_prompt_bytes:
+        raise RouteError.invalid(
+            f"input '{TEXT_INPUT}' is {len(items[0])} bytes; the limit is "
+            f"{limits.max_prompt_bytes} bytes (limits.max_prompt_bytes)"
+        )
+    try:
+        return items[0].decode("utf-8")
+    except UnicodeDecodeError:
+        raise RouteError.invalid(f"input '{TEXT_INPUT}' is not valid UTF-8") from None
+
+
+def _max_tokens_input(request: pb.ModelInferRequest, index: int, use_raw: bool) -> int:
+    tensor = request.inputs[index]
+    fmt = _INT_FORMATS.get(tensor.datatype)
+    if fmt is None:
+        raise RouteError.invalid(
+            f"input '{MAX_TOKENS}' must be an integer tensor, got {tensor.datatype[:32]!r}"
+        )
+    if use_raw:
+        raw = request.raw_input_contents[index]
+        if len(raw) != struct.calcsize(fmt):
+            raise RouteError.invalid(
+                f"input '{MAX_TOKENS}' must hold exactly one {tensor.datatype} element "
+                f"({struct.calcsize(fmt)} raw bytes), got {len(raw)} bytes"
+            )
+        values = [int(struct.unpack(fmt, raw)[0])]
+    else:
+        contents = tensor.contents
+        values = [
+            *contents.int_contents,
+            *contents.int64_contents,
+            *contents.uint_contents,
+            *contents.uint64_contents,
+        ]
+    if len(values) != 1:
+        raise RouteError.invalid(f"input '{MAX_TOKENS}' must hold exactly one element")
+    _check_shape(tensor, 1)
+    return int(values[0])
+
+
+def wants_stream(request: pb.ModelInferRequest) -> bool:
+    """On ModelStreamInfer: one response per token unless the request sets ``stream`` false."""
+    param = request.parameters.get(STREAM)
+    if param is None or param.WhichOneof("parameter_choice") != "bool_param":
+        return True
+    return bool(param.bool_param)
+
+
+def text_response(
+    request: pb.ModelInferRequest, text: str, *, final: bool | None = None
+) -> pb.ModelInferResponse:
+    """A V2 response carrying ``text`` as the BYTES output ``text_output``.
+
+    ``final`` sets Triton's ``triton_final_response`` parameter on streamed
+    responses; unary responses leave it out.
+    """
+    response = pb.ModelInferResponse(
+        model_name=request.model_name, model_version=request.model_version, id=request.id
+    )
+    output = response.outputs.add()
+    output.name = TEXT_OUTPUT
+    output.datatype = "BYTES"
+    output.shape.append(1)
+    response.raw_output_contents.append(encode_bytes_tensor([text.encode("utf-8")]))
+    if final is not None:
+        response.parameters[FINAL_RESPONSE].bool_param = final
+    return response
+
+
+def response_text(response: pb.ModelInferResponse) -> str:
+    """Read ``text_output`` back from a response (raw or typed contents)."""
+    for i, output in enumerate(response.outputs):
+        if output.name == TEXT_OUTPUT:
+            if len(response.raw_output_contents) > i:
+                items = decode_bytes_tensor(response.raw_output_contents[i])
+            else:
+                items = list(output.contents.bytes_contents)
+            return b"".join(items).decode("utf-8")
+    return ""
+
+
+def generate_request(
+    model: str,
+    prompt: str,
+    max_tokens: int = DEFAULT_MAX_TOKENS,
+    *,
+    request_id: str = "",
+    stream: bool = False,
+) -> pb.ModelInferRequest:
+    """Build a generate-style request (used by loadgen, tests and benchmarks)."""
+    request = pb.ModelInferRequest(model_name=model, id=request_id)
+    tensor = request.inputs.add()
+    tensor.name = TEXT_INPUT
+    tensor.datatype = "BYTES"
+    tensor.shape.append(1)
+    request.raw_input_contents.append(encode_bytes_tensor([prompt.encode("utf-8")]))
+    request.parameters[MAX_TOKENS].int64_param = max_tokens
+    if stream:
+        request.parameters[STREAM].bool_param = True
+    return request

@@ -1,0 +1,1 @@
+"""Tenancy: authentication, quotas, concurrency caps and usage records."""

@@ -1,0 +1,124 @@
+"""What a request must pass before a tier forwards it, and what it leaves behind.
+
+The edge (global tier) authenticates the caller, checks what it asks for,
+and applies the tenant's shared rate limits; inner tiers cap each tenant's
+requests in flight. The edge also writes exactly one usage record per
+finished request. A tier without any of these (auth off, no limits) admits
+everything as the ``anonymous`` tenant.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+
+from common.config.access import AuthConfig, TenantConfig
+from common.request.pick import PickRequest
+from common.request.routing import RouteHints
+from common.tenancy.auth import ANONYMOUS, Authenticator, asked_priority
+from common.tenancy.quota import ConcurrencyCaps, TenantRateLimiter
+from common.tenancy.usage import UsageRecord, UsageRecorder
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass
+class Admission:
+    """Identity, quotas and usage for one tier (everything optional)."""
+
+    auth: AuthConfig
+    authenticator: Authenticator | None = None
+    limiter: TenantRateLimiter | None = None
+    caps: ConcurrencyCaps | None = None
+    usage: UsageRecorder | None = None
+
+    async def start(self) -> None:
+        if self.usage is not None:
+            self.usage.start()
+
+    async def stop(self) -> None:
+        """After the server stopped: flush the usage records, close Redis clients."""
+        if self.usage is not None:
+            await self.usage.stop()
+        if self.limiter is not None:
+            await self.limiter.close()
+
+    def tenant(self, tenant_id: str) -> TenantConfig:
+        return self.auth.tenant(tenant_id) or ANONYMOUS
+
+    def identify(self, metadata: object, hints: RouteHints) -> RouteHints:
+        """At the edge: who is calling and what it may ask for (raises RouteError)."""
+        if self.authenticator is None:
+            return hints
+        tenant = self.authenticator.tenant(metadata)
+        return self.authenticator.authorise(tenant, hints, asked_priority(metadata))
+
+    async def admit(self, hints: RouteHints, pick: PickRequest) -> Callable[[], None]:
+        """Apply the tenant's limits; returns the release to call when it finishes."""
+        tenant = self.tenant(hints.tenant)
+        if self.limiter is not None and tenant is not ANONYMOUS:
+            await self.limiter.admit(tenant, int(pick.work_tokens))
+        if self.caps is not None and tenant.max_concurrent is not None:
+            self.caps.acquire(tenant)
+            caps = self.caps
+            return lambda: caps.release(tenant.id)
+        return _nothing
+
+    def record(
+        self,
+        hints: RouteHints,
+        pick: PickRequest | None,
+        model: str,
+        route: str,
+        code: grpc.StatusCode,
+        started: float,
+        completion_tokens: int,
+        trace_id: str,
+    ) -> None:
+        """One usage record for a finished request (at the edge only)."""
+        if self.usage is None:
+            return
+        region, zone, gpu = ([*route.split("/"), "", "", ""])[:3] if route else ("", "", "")
+        self.usage.record(
+            UsageRecord(
+                tenant=hints.tenant or ANONYMOUS.id,
+                model=model,
+                region=region,
+                zone=zone,
+                gpu=gpu,
+                prompt_tokens=pick.prompt_tokens if pick else 0,
+                completion_tokens=completion_tokens,
+                gpu_seconds=time.monotonic() - started if code == grpc.StatusCode.OK else 0.0,
+                status=code.name,
+                trace_id=trace_id,
+                request_id=uuid.uuid4().hex,
+                finished_at_ms=int(time.time() * 1000),
+            )
+        )
+
+
+def edge_admission(auth: AuthConfig, redis_url: str, replicas: int = 1) -> Admission:
+    """The global tier's: API keys (when enabled), shared rate limits, usage records."""
+    limited = any(t.requests_per_s or t.tokens_per_min for t in auth.tenants)
+    return Admission(
+        auth,
+        authenticator=Authenticator(auth) if auth.enabled else None,
+        # 200 ms: a busy event loop must not push a replica onto its fallback share.
+        limiter=(
+            TenantRateLimiter(redis_url, replicas=replicas, redis_timeout_s=0.2)
+            if limited
+            else None
+        ),
+        usage=UsageRecorder(redis_url),
+    )
+
+
+def inner_admission(auth: AuthConfig) -> Admission:
+    """A regional or local tier's: per-tenant caps on requests in flight."""
+    return Admission(auth, caps=ConcurrencyCaps())

@@ -1,0 +1,310 @@
+"""Usage records for billing: one per finished request at the edge, in a Redis stream.
+
+edge proxy --record()--> in-memory buffer --XADD MAXLEN ~ (pipelined)--> ``meridian:usage``
+``meridian usage`` --XRANGE in chunks--> totals per (tenant, model)
+
+Delivery is *at least once*, never exactly once: a pipeline that fails after
+Redis applied some of its XADDs is written again, and a crash loses what was
+still buffered. Every record therefore carries a unique ``request_id``
+(uuid4 hex, from the caller or filled in by ``UsageRecorder.record``) and
+``summarise`` counts each id once (within a horizon of stream time, default
+1 h: a re-written batch follows its first attempt as soon as Redis answers
+again, so only an ambiguous write followed by a longer outage escapes).
+Records are filtered by ``finished_at_ms`` (the edge's clock), not by stream
+entry ids (Redis's clock at write time), because a record buffered through an
+outage is written long after it finished.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import uuid
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from common.capacity.streams import Backoff
+
+log = logging.getLogger(__name__)
+
+USAGE_STREAM = "meridian:usage"
+OK_STATUS = "OK"
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclasses.dataclass(frozen=True)
+class UsageRecord:
+    """What one finished request cost; ``status`` is a gRPC status name (``OK``, ``UNAVAILABLE``).
+
+    ``request_id`` is unique per request (uuid4 hex): the key ``summarise`` de-duplicates on.
+    """
+
+    tenant: str
+    model: str
+    region: str
+    zone: str
+    gpu: str
+    prompt_tokens: int
+    completion_tokens: int
+    gpu_seconds: float
+    status: str
+    trace_id: str
+    request_id: str
+    finished_at_ms: int
+
+    def to_fields(self) -> dict[str, str]:
+        """Flat string fields for XADD; ``repr`` keeps ``gpu_seconds`` exact."""
+        return {
+            f.name: repr(v) if isinstance(v := getattr(self, f.name), float) else str(v)
+            for f in dataclasses.fields(self)
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[Any, Any]) -> UsageRecord:
+        """Inverse of ``to_fields``; accepts bytes or str, ignores unknown fields (newer
+        writers may add some). ``ValueError`` naming the field when one is missing or bad."""
+        text = {_text(k): _text(v) for k, v in fields.items()}
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in text:
+                raise ValueError(f"usage record has no field {f.name!r}")
+            raw = text[f.name]
+            try:
+                values[f.name] = (
+                    int(raw) if f.type == "int" else float(raw) if f.type == "float" else raw
+                )
+            except ValueError:
+                raise ValueError(f"usage record field {f.name!r}: bad value {raw!r}") from None
+        return cls(**values)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+class UsageRecorder:
+    """Buffers usage records in memory and writes them to a stream in pipelined batches.
+
+    ``record()`` is synchronous and O(1): the request path never waits on Redis.
+    A background task flushes every ``flush_interval_s`` or as soon as
+    ``batch_size`` records wait. While Redis is down, records stay buffered and
+    the task backs off and retries; the buffer holds at most ``buffer_limit``
+    records (plus the one batch in flight) and beyond that the *oldest* are
+    dropped and counted in ``dropped``. A batch whose write failed goes back to
+    the front of the buffer, so a partial write is repeated (at least once;
+    ``summarise`` de-duplicates by ``request_id``). Counters: ``written``,
+    ``dropped``, ``pending``.
+    """
+
+    def __init__(
+        self,
+        redis_url: str,
+        *,
+        stream: str = USAGE_STREAM,
+        maxlen: int = 1_000_000,
+        buffer_limit: int = 100_000,
+        batch_size: int = 500,
+        flush_interval_s: float = 0.1,
+    ) -> None:
+        if buffer_limit < 1 or batch_size < 1 or maxlen < 1:
+            raise ValueError("buffer_limit, batch_size and maxlen must be positive")
+        self.redis = aioredis.Redis.from_url(
+            redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+        )
+        self.stream = stream
+        self.maxlen = maxlen
+        self.buffer_limit = buffer_limit
+        self.batch_size = batch_size
+        self.flush_interval_s = flush_interval_s
+        self.written = 0
+        self.dropped = 0
+        self._buffer: deque[UsageRecord] = deque()
+        self._overflowing = False
+        self._wake = asyncio.Event()
+        self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def pending(self) -> int:
+        """Records buffered and not yet known to be written."""
+        return len(self._buffer)
+
+    def record(self, rec: UsageRecord) -> None:
+        """Queue one record (never blocks); an empty ``request_id`` gets a fresh uuid4 hex."""
+        if not rec.request_id:
+            rec = dataclasses.replace(rec, request_id=new_request_id())
+        if len(self._buffer) >= self.buffer_limit:
+            self._buffer.popleft()
+            self._count_dropped(1)
+        self._buffer.append(rec)
+        if len(self._buffer) >= self.batch_size:
+            self._wake.set()
+
+    def _count_dropped(self, n: int) -> None:
+        self.dropped += n
+        if not self._overflowing:
+            self._overflowing = True
+            log.warning(
+                "usage buffer full (%d records, redis %s unwritable): dropping the oldest",
+                self.buffer_limit,
+                self.stream,
+            )
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run(), name=f"usage recorder {self.stream}")
+
+    async def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the background task, flush what can be written within ``timeout_s``, close."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        try:
+            await asyncio.wait_for(self.flush(), timeout_s)
+        except (TimeoutError, RedisError, OSError) as exc:
+            log.error(
+                "usage recorder stopped with %d records unwritten (%s: %s)",
+                self.pending,
+                type(exc).__name__,
+                exc,
+            )
+        await self.redis.aclose()
+
+    async def flush(self) -> None:
+        """Write everything buffered now; raises ``RedisError``/``OSError`` (records kept)."""
+        async with self._lock:
+            while self._buffer:
+                await self._write_batch()
+            if self._overflowing:
+                self._overflowing = False
+                log.warning("usage buffer drained; %d records dropped so far", self.dropped)
+
+    async def _write_batch(self) -> None:
+        batch = [self._buffer.popleft() for _ in range(min(self.batch_size, len(self._buffer)))]
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            for rec in batch:
+                pipe.xadd(self.stream, rec.to_fields(), maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
+            await pipe.execute()
+        except BaseException:  # also on cancellation: the batch may or may not be written
+            self._put_back(batch)
+            raise
+        self.written += len(batch)
+
+    def _put_back(self, batch: list[UsageRecord]) -> None:
+        """Return a failed batch to the front; if that overflows, its oldest go first."""
+        room = max(0, self.buffer_limit - len(self._buffer))
+        if len(batch) > room:
+            self._count_dropped(len(batch) - room)
+            batch = batch[len(batch) - room :]
+        self._buffer.extendleft(reversed(batch))
+
+    async def _run(self) -> None:
+        backoff = Backoff(f"usage recorder {self.stream}")
+        while True:
+            if len(self._buffer) < self.batch_size:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+            try:
+                await self.flush()
+                backoff.succeeded()
+            except (RedisError, OSError) as exc:
+                await backoff.failed(exc)
+
+
+@dataclasses.dataclass
+class UsageTotals:
+    """Sums for one (tenant, model); ``statuses`` counts requests per gRPC status name."""
+
+    requests: int = 0
+    ok_requests: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    gpu_seconds: float = 0.0
+    statuses: dict[str, int] = dataclasses.field(default_factory=dict)
+
+    def add(self, rec: UsageRecord) -> None:
+        self.requests += 1
+        self.ok_requests += rec.status == OK_STATUS
+        self.prompt_tokens += rec.prompt_tokens
+        self.completion_tokens += rec.completion_tokens
+        self.gpu_seconds += rec.gpu_seconds
+        self.statuses[rec.status] = self.statuses.get(rec.status, 0) + 1
+
+    def merge(self, other: UsageTotals) -> None:
+        self.requests += other.requests
+        self.ok_requests += other.ok_requests
+        self.prompt_tokens += other.prompt_tokens
+        self.completion_tokens += other.completion_tokens
+        self.gpu_seconds += other.gpu_seconds
+        for status, n in other.statuses.items():
+            self.statuses[status] = self.statuses.get(status, 0) + n
+
+
+async def summarise(
+    redis_url: str,
+    *,
+    since_ms: int | None,
+    until_ms: int | None,
+    stream: str = USAGE_STREAM,
+    chunk: int = 1000,
+    clock_skew_ms: int = 300_000,
+    dedup_horizon_ms: int = 3_600_000,
+) -> dict[tuple[str, str], UsageTotals]:
+    """Totals per (tenant, model) of records with ``since_ms <= finished_at_ms < until_ms``.
+
+    Reads with XRANGE ``chunk`` entries at a time. A record is written after it
+    finished, so the scan starts at ``since_ms - clock_skew_ms`` (an edge clock
+    ahead of Redis's) and runs to the end of the stream (a record buffered
+    through an outage lands late). A ``request_id`` is remembered until the
+    scan has moved ``dedup_horizon_ms`` of stream time past it: duplicates come
+    from re-written batches and lie close together, so memory stays bounded by
+    the records of one horizon, not of the whole window.
+    """
+    client = aioredis.Redis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
+    totals: dict[tuple[str, str], UsageTotals] = {}
+    seen: set[str] = set()
+    recent: deque[tuple[int, str]] = deque()  # (stream ms, request_id), oldest first
+    malformed = 0
+    start = "-" if since_ms is None else f"{max(0, since_ms - clock_skew_ms)}-0"
+    try:
+        while True:
+            entries: Any = await client.xrange(stream, min=start, max="+", count=chunk)
+            for entry_id, fields in entries:
+                stream_ms = int(_text(entry_id).split("-", 1)[0])
+                while recent and recent[0][0] < stream_ms - dedup_horizon_ms:
+                    seen.discard(recent.popleft()[1])
+                try:
+                    rec = UsageRecord.from_fields(fields)
+                except ValueError:
+                    malformed += 1
+                    continue
+                if since_ms is not None and rec.finished_at_ms < since_ms:
+                    continue
+                if until_ms is not None and rec.finished_at_ms >= until_ms:
+                    continue
+                if rec.request_id in seen:
+                    continue
+                seen.add(rec.request_id)
+                recent.append((stream_ms, rec.request_id))
+                totals.setdefault((rec.tenant, rec.model), UsageTotals()).add(rec)
+            if len(entries) < chunk:
+                break
+            ms, seq = _text(entries[-1][0]).split("-", 1)
+            start = f"{ms}-{int(seq) + 1}"
+    finally:
+        await client.aclose()
+    if malformed:
+        log.warning("skipped %d malformed usage records in %s", malformed, stream)
+    return totals
