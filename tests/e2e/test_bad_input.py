@@ -29,7 +29,7 @@ from common.request.routing import CLIENT_GEO, CLIENT_REGION, PRIORITY, SESSION
 from common.request.v2 import generate_request, response_text
 from common.tenancy.usage import USAGE_STREAM, UsageRecord
 from tests.client import V2Client, expect_code
-from tests.common.test_limits import infer_requests, wire_metadata
+from tests.common.request.test_limits import infer_requests, wire_metadata
 from tests.conftest import small_fleet_spec, start_fleet
 from tests.e2e.test_demo_fleet import served_requests
 

@@ -26,9 +26,9 @@ from cli.launcher import Fleet
 from common.observability.trace_view import merge_traces, recent_traces
 from common.operations.fleet_view import DASHBOARD_HTML
 from tests.browser import chromium, require_chromium, show_trace, wait_for
+from tests.cli.test_top import FLEET
 from tests.client import V2Client
-from tests.common.test_top import FLEET
-from tests.common.test_trace_view import one_request
+from tests.common.observability.test_trace_view import one_request
 from tests.conftest import small_fleet_spec, start_fleet
 from tests.e2e.test_ops import get, wait_until
 

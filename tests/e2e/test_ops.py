@@ -14,7 +14,7 @@ import grpc
 from cli.launcher import Fleet
 from common.request.v2 import generate_request
 from tests.client import V2Client, expect_code
-from tests.common.test_metrics import parse
+from tests.common.observability.test_metrics import parse
 from tests.conftest import small_fleet_spec
 
 REGION = "us-east"

@@ -28,7 +28,7 @@ from common.operations.fleet_view import (
 )
 from common.operations.ops_http import OpsServer
 from common.request.children import ChildSet
-from tests.common.test_trace_view import span
+from tests.common.observability.test_trace_view import span
 from tests.conftest import small_fleet_spec
 
 TOPOLOGY = topology_from_mapping(small_fleet_spec(regions=2, zones=1, gpus=2))
