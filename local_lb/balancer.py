@@ -130,20 +130,18 @@ class LocalBalancer:
             if self.breaker.try_acquire(gpu.name):
                 self._reserve(gpu)
                 lease = self._lease(gpu, pick, breaker=True, tried=tried)
-                lease.extra["candidates"] = len(ranking)
-                if ranking and gpu is not ranking[0] and lease.extra["reason"] != "failover":
-                    lease.extra["reason"] = "next ranked"  # the best one's breaker was open
+                lease.candidates = len(ranking)
+                if ranking and gpu is not ranking[0] and lease.reason != "failover":
+                    lease.reason = "next ranked"  # the best one's breaker was open
                 return lease
         if not any(g.usable for g in serving):
             raise RouteError.unavailable(self.children.nothing_healthy(pick.model, tried))
         queued_at = self.clock()
         gpu = await self._wait_in_queue(pick, serving, timeout)
         lease = self._lease(gpu, pick, breaker=False, tried=tried)
-        lease.extra.update(
-            reason="reserved headroom" if held_back else "queue",
-            queued_s=self.clock() - queued_at,
-            candidates=len(ranking),
-        )
+        lease.reason = "reserved headroom" if held_back else "queue"
+        lease.queued_s = self.clock() - queued_at
+        lease.candidates = len(ranking)
         return lease
 
     def _candidates(
@@ -224,7 +222,6 @@ class LocalBalancer:
             gpu.slots,
         )
         gpu.outstanding_work += work
-        lease = Lease(gpu, work, now, concurrent=gpu.outstanding_requests)
         tenant = pick.tenant or ANONYMOUS
         self.tenants.took(tenant)
         if tried:
@@ -235,14 +232,19 @@ class LocalBalancer:
             reason = "prefix"
         else:
             reason = "least expected completion"
-        lease.extra.update(
-            breaker=breaker,
+        return Lease(
+            gpu,
+            work,
+            now,
+            model=pick.model,
+            max_tokens=pick.max_tokens,
             tenant=tenant,
+            concurrent=gpu.outstanding_requests,
+            holds_breaker=breaker,
             reason=reason,
             estimated_s=expected_completion_s(ahead, work, gpu.rate, max(gpu.share, 1e-3)),
             policy=self.policy_name,
         )
-        return lease
 
     def expected_service_s(self, work: float) -> float:
         """How long a request of ``work`` tokens typically takes on a GPU here: the
@@ -257,8 +259,8 @@ class LocalBalancer:
         gpu = lease.child
         assert isinstance(gpu, GpuChild)
         gpu.outstanding_work -= lease.work
-        self.tenants.gave_back(lease.extra["tenant"])
-        if lease.extra.get("breaker"):
+        self.tenants.gave_back(lease.tenant)
+        if lease.holds_breaker:
             self.breaker.release(gpu.name)
         try:
             self._learn(gpu, lease, outcome)

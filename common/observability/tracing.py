@@ -207,7 +207,7 @@ class TierTracing:
     """The spans one tier's proxy makes for a call: a server span (continuing the
     caller's trace), a ``pick`` span per decision with a ``queue`` span for time in
     the local queue, and a client span per forward attempt (kept in the lease's
-    ``extra["span"]`` until the proxy settles the attempt).
+    ``span`` until the proxy settles the attempt).
 
     Cheap on the request path: with a no-op tracer (or a sampled-out request) every
     method returns at its first line; a decision span is recorded after the fact from
@@ -261,10 +261,12 @@ class TierTracing:
         attributes: dict[str, AttributeValue] = {}
         if lease is not None:
             attributes[CHILD] = lease.child.name
-            extra = lease.extra
-            for key, attribute in _DECISION_ATTRIBUTES:
-                if key in extra:
-                    attributes[attribute] = extra[key]
+            attributes[REASON] = lease.reason
+            attributes[CANDIDATES] = lease.candidates
+            if lease.estimated_s is not None:
+                attributes[ESTIMATED_S] = lease.estimated_s
+            if lease.policy:
+                attributes[POLICY] = lease.policy
         span = self.tracer.start_span(
             "pick",
             context=trace.set_span_in_context(parent),
@@ -272,7 +274,7 @@ class TierTracing:
             attributes=attributes,
         )
         end = time.time_ns()
-        queued_s = lease.extra.get("queued_s") if lease is not None else None
+        queued_s = lease.queued_s if lease is not None else None
         if queued_s is not None and lease is not None:
             # The wait in the local queue ended just now; its span is rebuilt from its length.
             queue = self.tracer.start_span(
@@ -291,19 +293,12 @@ class TierTracing:
         if not parent.is_recording():
             return
         attributes: dict[str, AttributeValue] = {CHILD: lease.child.name, ATTEMPT: attempt}
-        if "estimated_s" in lease.extra:
-            attributes[ESTIMATED_S] = lease.extra["estimated_s"]
-        lease.extra["span"] = self.tracer.start_span(
+        if lease.estimated_s is not None:
+            attributes[ESTIMATED_S] = lease.estimated_s
+        lease.span = self.tracer.start_span(
             f"{method} {lease.child.name}",
             context=trace.set_span_in_context(parent),
             kind=SpanKind.CLIENT,
             attributes=attributes,
         )
 
-
-_DECISION_ATTRIBUTES = (
-    ("reason", REASON),
-    ("candidates", CANDIDATES),
-    ("estimated_s", ESTIMATED_S),
-    ("policy", POLICY),
-)

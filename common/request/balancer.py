@@ -10,10 +10,11 @@ has its own balancer with slots, a central queue and outlier ejection
 from __future__ import annotations
 
 from collections.abc import Collection
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
+from opentelemetry.trace import Span
 
 from common.basics.errors import RouteError
 from common.basics.geo import great_circle_km
@@ -33,19 +34,35 @@ CHILD_FAULT_CODES = frozenset(
 )
 
 
-@dataclass
+@dataclass(slots=True)
 class Lease:
-    """A child reserved for one attempt of one request."""
+    """A child reserved for one attempt of one request, and why it was chosen.
+
+    The balancer fills in the decision (``reason``, ``candidates`` and, where it
+    knows them, ``estimated_s``, ``queued_s``, ``policy``) for the trace; the
+    proxy keeps the attempt's client span in ``span`` until it settles the lease.
+    """
 
     child: Child
     work: float
     started_at: float
+    model: str = ""
+    # Decode tokens asked for: what an OK attempt is counted as having generated.
+    max_tokens: int = 0
+    tenant: str = ""
     # Requests in flight on the child when this one started (itself included).
     concurrent: int = 1
-    # Per-attempt notes. Balancers explain their decision for the trace here:
-    # "reason", "candidates" (how many were ranked), and optionally "estimated_s",
-    # "queued_s" (time spent waiting in a queue) and "policy".
-    extra: dict[str, Any] = field(default_factory=dict)
+    reason: str = ""
+    # How many children the picker ranked.
+    candidates: int = 0
+    # The completion time the policy expected, when it estimates one.
+    estimated_s: float | None = None
+    # Time spent waiting in a queue before the child was bound.
+    queued_s: float | None = None
+    policy: str = ""
+    # The lease holds a circuit-breaker slot on its child (released with it).
+    holds_breaker: bool = False
+    span: Span | None = None
 
 
 @dataclass(frozen=True)
@@ -93,11 +110,16 @@ class RankingBalancer:
             if child.name not in tried:
                 child.outstanding_requests += 1
                 child.outstanding_work += pick.work_tokens
-                lease = Lease(child, pick.work_tokens, self.children.clock())
-                lease.extra.update(
-                    candidates=len(ranked), reason=self.reason(pick, child, ranked, tried)
+                return Lease(
+                    child,
+                    pick.work_tokens,
+                    self.children.clock(),
+                    model=pick.model,
+                    max_tokens=pick.max_tokens,
+                    tenant=pick.tenant,
+                    candidates=len(ranked),
+                    reason=self.reason(pick, child, ranked, tried),
                 )
-                return lease
         reason = self.children.nothing_healthy(pick.model, tried, pick.allowed_regions)
         if pick.allowed_regions:
             allowed = ", ".join(sorted(pick.allowed_regions))
@@ -122,7 +144,7 @@ class RankingBalancer:
     def release(self, lease: Lease, outcome: Outcome) -> None:
         lease.child.outstanding_requests -= 1
         lease.child.outstanding_work -= lease.work
-        hint = decode_hint(trailer(outcome.trailers, CAPACITY_HINT), lease.extra.get("model", ""))
+        hint = decode_hint(trailer(outcome.trailers, CAPACITY_HINT), lease.model)
         if outcome.child_fault and hint is None:
             # No hint: the child itself did not answer (a tier that answers with a
             # hint is up, and the hint says what it lacks).

@@ -234,7 +234,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         """Downstream metadata carrying this tier's context: the attempt span's, or
         (sampled out) the server span's, so the tiers below keep the sampling decision."""
         metadata = self.downstream_metadata(hints, pick, attempt)
-        return tm.inject_context(metadata, lease.extra.get("span") or parent)
+        return tm.inject_context(metadata, lease.span or parent)
 
     # ------------------------------------------------------------------ shared mechanics
 
@@ -345,9 +345,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             self.retry_budget.retry_finished()
 
     def settle(self, lease: Lease, code: grpc.StatusCode, trailers: Any, detail: str = "") -> None:
-        tokens = lease.extra.get("max_tokens", 0) if code == grpc.StatusCode.OK else 0
+        tokens = lease.max_tokens if code == grpc.StatusCode.OK else 0
         elapsed = self.clock() - lease.started_at
-        span = lease.extra.pop("span", None)
+        span, lease.span = lease.span, None
         if span is not None:
             tm.end_span(span, code, detail, {tm.ACTUAL_S: elapsed})
         self.balancer.release(lease, Outcome(code, elapsed, tokens, trailers, detail))
@@ -382,7 +382,6 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             while True:
                 try:
                     lease = await self.next_lease(pick, attempts, context, span)
-                    lease.extra.update(max_tokens=pick.max_tokens, model=pick.model)
                     n = len(attempts.tried) - 1
                     self.tracing.begin_attempt(method, lease, hints.attempt + n, span)
                     timeout = self.lease_timeout(lease, context)

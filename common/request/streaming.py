@@ -121,7 +121,6 @@ class StreamForward:
         assert self.pick is not None
         self.proxy.end_attempt(self.attempts)
         self.lease = await self.proxy.next_lease(self.pick, self.attempts, self.context, self.span)
-        self.lease.extra.update(max_tokens=self.pick.max_tokens, model=self.pick.model)
         n = len(self.attempts.tried) - 1
         self.proxy.tracing.begin_attempt(
             "ModelStreamInfer", self.lease, self.hints.attempt + n, self.span

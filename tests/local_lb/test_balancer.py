@@ -209,7 +209,7 @@ async def test_reserved_headroom_keeps_slots_free_for_a_light_tenant() -> None:
     await asyncio.sleep(0)
     assert len(bal.queue) == 3 and bal.view.inflight_total == 4  # 4 slots stay free
     late = await bal.acquire(pick(tenant="steady"), (), None)
-    assert "queued_s" not in late.extra  # bound at once
+    assert late.queued_s is None  # bound at once
     # A flood slot frees up: 4 free, taking one would leave fewer than the reserve...
     bal.release(flood[0], ok())
     await asyncio.sleep(0)
@@ -221,7 +221,7 @@ async def test_reserved_headroom_keeps_slots_free_for_a_light_tenant() -> None:
     bal.refresh_all()
     leases = await asyncio.wait_for(asyncio.gather(*blocked), 1)
     assert bal.view.inflight_total == 5
-    assert {lease.extra["reason"] for lease in leases} == {"reserved headroom"}
+    assert {lease.reason for lease in leases} == {"reserved headroom"}
 
 
 async def test_without_headroom_a_flood_takes_every_slot() -> None:
@@ -260,7 +260,7 @@ async def test_slots_on_an_unusable_gpu_do_not_count_as_taken_headroom() -> None
     bal.tenants.arrived("steady", 30.0)  # a light tenant is active
     bal.clock.now += 0.1  # type: ignore[attr-defined]  # past the cached classification
     lease = await bal.acquire(pick(tenant="flood"), (), None)
-    assert lease.child.name == "g0" and "queued_s" not in lease.extra
+    assert lease.child.name == "g0" and lease.queued_s is None
     waiter = asyncio.create_task(bal.acquire(pick(tenant="flood"), (), 5.0))
     await asyncio.sleep(0)
     assert not waiter.done() and len(bal.queue) == 1  # the last free slot is the reserve
