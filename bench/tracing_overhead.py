@@ -33,7 +33,7 @@ import grpc
 from opentelemetry import trace
 
 from common.basics.redis_embed import EmbeddedRedis
-from common.config.topology import topology_from_mapping
+from common.config.topology import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.observability.tracing import Telemetry, setup_tracing
 from common.request.v2 import generate_request
@@ -45,7 +45,7 @@ REGION, ZONE, MODEL = "r", "r-1a", "m"
 RESULTS = Path(__file__).parent / "results"
 
 
-def topology(redis_url: str, gpus: int) -> Any:
+def topology(redis_url: str, gpus: int) -> Topology:
     return topology_from_mapping(
         one_zone_mapping(
             redis_url, gpus=gpus, model=MODEL, region=REGION, zone=ZONE, slow_start_window_s=0
@@ -88,35 +88,45 @@ def tracing_with(sampler: str | None) -> Telemetry:
                 os.environ[key] = saved[key]  # type: ignore[assignment]
 
 
+async def measure(
+    topo: Topology, telemetry: Telemetry, concurrency: int, seconds: float
+) -> float:
+    """Requests/s through a local tier built with ``telemetry`` (started for this run,
+    so each mode gets a tier of its own, as a process started with that tracing would)."""
+    tier = build_local_tier(topo, REGION, ZONE, telemetry=telemetry)
+    await tier.start()
+    try:
+        address = topo.zone(REGION, ZONE).endpoint.address
+        async with grpc.aio.insecure_channel(address) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            await asyncio.sleep(0.5)  # first health checks
+            await closed_loop(stub, concurrency, 0.5)  # warm up
+            return await closed_loop(stub, concurrency, seconds)
+    finally:
+        await tier.stop(0)
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     redis = EmbeddedRedis()
     redis.start()
     topo = topology(redis.url, args.gpus)
     workers = ZoneWorkers(topo.zone(REGION, ZONE), region=REGION, time_scale=args.time_scale)
-    tier = build_local_tier(topo, REGION, ZONE)
-    telemetry = tracing_with("parentbased_always_on")  # every request traced
-    sampled = tracing_with(None)  # Meridian's default sampler: 1 in 10
-    tracers = {"off": trace.NoOpTracer(), "on": telemetry.tracer, "10%": sampled.tracer}
-    results: dict[str, list[float]] = {mode: [] for mode in tracers}
+    results: dict[str, list[float]] = {mode: [] for mode in ("off", "on", "10%")}
     try:
         await workers.start()
-        await tier.start()
-        address = topo.zone(REGION, ZONE).endpoint.address
-        async with grpc.aio.insecure_channel(address) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            await asyncio.sleep(0.5)  # first health checks
-            await closed_loop(stub, args.concurrency, 1.0)  # warm up
-            for i in range(args.runs):
-                for mode, tracer in tracers.items():
-                    tier.proxy.tracer = tracer
-                    rps = await closed_loop(stub, args.concurrency, args.seconds)
-                    results[mode].append(rps)
-                    print(f"run {i + 1} tracing {mode:3s}: {rps:8.1f} req/s", flush=True)
+        for i in range(args.runs):
+            # Fresh providers per run: a tier's stop shuts its telemetry down.
+            modes = {
+                "off": Telemetry(trace.NoOpTracer()),
+                "on": tracing_with("parentbased_always_on"),  # every request traced
+                "10%": tracing_with(None),  # Meridian's default sampler: 1 in 10
+            }
+            for mode, telemetry in modes.items():
+                rps = await measure(topo, telemetry, args.concurrency, args.seconds)
+                results[mode].append(rps)
+                print(f"run {i + 1} tracing {mode:3s}: {rps:8.1f} req/s", flush=True)
     finally:
-        await tier.stop(0)
         await workers.stop(0)
-        telemetry.shutdown()
-        sampled.shutdown()
         redis.stop()
     off, on = statistics.median(results["off"]), statistics.median(results["on"])
     ratio = statistics.median(results["10%"])

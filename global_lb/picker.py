@@ -73,6 +73,10 @@ class RegionPicker:
     failback: SlowStartConfig = field(default_factory=lambda: SlowStartConfig(window_s=10.0))
     rng: random.Random = field(default_factory=random.Random)
 
+    def follow_rtt(self, rtt_ms: Mapping[str, Mapping[str, float]]) -> None:
+        """A reloaded topology's measured RTT matrix replaces the one it started with."""
+        self.rtt_ms = rtt_ms
+
     def rtt(self, request: PickRequest, region: Child) -> float:
         row = self.rtt_ms.get(request.client_region or "")
         if row is not None and region.name in row:

@@ -6,20 +6,22 @@ from collections.abc import Callable
 
 from common.basics.errors import RouteError
 from common.basics.geo import GeoPoint
-from common.capacity.streams import CapacityReader, region_stream
-from common.config.tls import tier_channel_credentials, tier_server_credentials
+from common.capacity.streams import region_stream
+from common.config.tls import tier_server_credentials
 from common.config.topology import Topology
-from common.observability.tracing import setup_tracing
+from common.observability.tracing import Telemetry, setup_tracing
 from common.operations.admin import upper_tier_admin
-from common.operations.fleet_view import install_fleet_view
+from common.operations.fleet_view import FleetView, install_fleet_view
 from common.request.balancer import RankingBalancer
-from common.request.children import Child, ChildSet
+from common.request.children import Child
+from common.request.forwarding import ForwardingPolicy
 from common.request.proxy import TierSpec
 from common.request.resilience import SlowStartConfig
 from common.request.routing import CLIENT_REGION, RouteHints
 from common.tenancy.admission import edge_admission
 from common.tenancy.auth import AdminGuard
 from common.tier.server import TierServer
+from common.tier.wiring import summary_reader, tier_children
 from global_lb.picker import RegionPicker
 
 
@@ -30,75 +32,64 @@ def region_children(topology: Topology) -> list[Child]:
     ]
 
 
-def build_global_tier(
-    topology: Topology, *, reload_from: Callable[[], Topology] | None = None
-) -> TierServer:
-    """The global tier as described by ``topology``; ``reload_from`` re-reads the topology
-    for the Admin API's ReloadTopology."""
-    regions = ChildSet(
-        region_children(topology),
-        probe_interval_s=topology.health_interval_s,
-        summary_ttl_s=topology.summary_ttl_s,
-        kind="region",
-        credentials=tier_channel_credentials(topology.tls),
-    )
-    reader = CapacityReader(
-        topology.redis_url,
-        {region_stream(r.name): r.name for r in topology.regions},
-        regions.take_summary,
-    )
-    locations = {r.name: r.location for r in topology.regions}
-    home = topology.global_tier.location
+class ClientOrigin:
+    """Where a request comes from: the client's geo, else its declared region's
+    location, else the global tier's own (INVALID_ARGUMENT for an unknown region)."""
 
-    def origin(hints: RouteHints) -> GeoPoint:
-        """Client geo, else its declared region's location, else the global's own."""
-        if hints.client_region is not None and hints.client_region not in locations:
+    def __init__(self, topology: Topology) -> None:
+        self.home = topology.global_tier.location
+        self.locations: dict[str, GeoPoint] = {}
+        self.follow(topology)
+
+    def follow(self, topology: Topology) -> None:
+        self.locations.update({r.name: r.location for r in topology.regions})
+
+    def __call__(self, hints: RouteHints) -> GeoPoint:
+        region = hints.client_region
+        if region is not None and region not in self.locations:
             raise RouteError.invalid(
-                f"metadata '{CLIENT_REGION}': unknown region {hints.client_region!r}; "
-                f"known: {', '.join(sorted(locations))}"
+                f"metadata '{CLIENT_REGION}': unknown region {region!r}; "
+                f"known: {', '.join(sorted(self.locations))}"
             )
         if hints.origin is not None:
             return hints.origin
-        if hints.client_region is not None:
-            return locations[hints.client_region]
-        return home
+        if region is not None:
+            return self.locations[region]
+        return self.home
 
-    spec = TierSpec(
-        tier="global",
-        route_prefix=None,
-        trust_internal=False,
-        resolve_origin=origin,
+
+def build_global_tier(
+    topology: Topology, *, reload_from: Callable[[], Topology] | None = None,
+    telemetry: Telemetry | None = None,
+) -> TierServer:
+    """The global tier as described by ``topology``; ``reload_from`` re-reads the topology
+    for the Admin API's ReloadTopology; ``telemetry`` replaces the tracing set up from
+    the OTel environment."""
+    regions = tier_children(topology, region_children(topology), "region")
+    reader = summary_reader(
+        topology, {region_stream(r.name): r.name for r in topology.regions}, regions
     )
     picker = RegionPicker(
-        home,
+        topology.global_tier.location,
         topology.summary_ttl_s,
         rtt_ms=topology.rtt_ms,
         failback=SlowStartConfig(window_s=topology.failback_window_s),
     )
-    balancer = RankingBalancer(picker, regions)
+    fleet_view: list[FleetView] = []
+    origin = ClientOrigin(topology)
 
     def follow(new: Topology) -> None:
         reader.follow({region_stream(r.name): r.name for r in new.regions})
-        picker.rtt_ms = new.rtt_ms
-        locations.update({r.name: r.location for r in new.regions})
-        if fleet_view is not None:  # the dashboard shows the fleet the new file names
-            fleet_view.follow(new)
+        picker.follow_rtt(new.rtt_ms)
+        origin.follow(new)
+        for view in fleet_view:  # the dashboard shows the fleet the new file names
+            view.follow(new)
 
-    admin = upper_tier_admin(
-        "global",
-        "global",
-        "region",
-        regions,
-        topology,
-        region_children,
-        follow=follow,
-        source=reload_from,
-        guard=AdminGuard(topology.auth),
-    )
     tier = TierServer(
-        spec,
+        TierSpec(tier="global", trust_internal=False, resolve_origin=origin),
+        ForwardingPolicy(kind="region"),
         regions,
-        balancer,
+        RankingBalancer(picker, regions),
         topology.global_tier.endpoint,
         reader=reader,
         credentials=tier_server_credentials(topology.tls, edge=True),
@@ -107,9 +98,21 @@ def build_global_tier(
         ops=topology.global_tier.ops,
         name="global",
         tenants=topology.auth.tenant_ids,
-        telemetry=setup_tracing("meridian-global"),
-        admin=admin,
+        telemetry=telemetry or setup_tracing("meridian-global"),
+        admin=upper_tier_admin(
+            "global",
+            "global",
+            "region",
+            regions,
+            topology,
+            region_children,
+            follow=follow,
+            source=reload_from,
+            guard=AdminGuard(topology.auth),
+        ),
     )
     # The global's ops HTTP also answers for the whole fleet and serves the dashboard.
-    fleet_view = install_fleet_view(topology, tier.ops_server)
+    view = install_fleet_view(topology, tier.ops_server)
+    if view is not None:
+        fleet_view.append(view)
     return tier

@@ -16,8 +16,10 @@ from common.config.tls import tier_server_credentials
 from common.config.topology import GpuConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
 from common.observability.tier_metrics import EjectionCounter, add_local_metrics
-from common.observability.tracing import setup_tracing
+from common.observability.tracing import Telemetry, setup_tracing
+from common.operations.ops_http import OpsAdditions
 from common.request.children import Child, ChildSet
+from common.request.forwarding import ForwardingPolicy
 from common.request.proxy import TierSpec
 from common.request.resilience import SlowStartConfig
 from common.request.routing import RouteHints
@@ -127,6 +129,7 @@ def build_local_tier(
     *,
     policy: str = "default",
     reload_from: Callable[[], Topology] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> TierServer:
     """The local tier of ``region``/``zone`` as described by ``topology``; ``reload_from``
     re-reads the topology for the Admin API's ReloadTopology."""
@@ -185,11 +188,10 @@ def build_local_tier(
     def origin(hints: RouteHints) -> None:
         return None  # the local tier's choice does not depend on geography
 
-    spec = TierSpec(
-        tier="local",
+    spec = TierSpec(tier="local", trust_internal=True, resolve_origin=origin)
+    policy_of_forwarding = ForwardingPolicy(
+        kind="GPU",
         route_prefix=zone,
-        trust_internal=True,
-        resolve_origin=origin,
         # A GPU that sheds load is reported up, so the regional tier can try another zone.
         failover_codes=frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}),
     )
@@ -205,8 +207,9 @@ def build_local_tier(
         rng=rng,
         make_gpu=gpu_child,
     )
-    tier = TierServer(
+    return TierServer(
         spec,
+        policy_of_forwarding,
         children,
         balancer,
         zone_cfg.endpoint,
@@ -222,13 +225,16 @@ def build_local_tier(
         admission=inner_admission(topology.auth),
         limits=topology.limits,
         ops=zone_cfg.ops,
+        ops_additions=OpsAdditions(
+            metrics=(
+                lambda m: add_local_metrics(m, balancer.queue.depth_by_priority, ejections),
+            ),
+            child_details=lambda gpu: gpu_details(view, gpu),
+            extra_state=lambda: {"queue": balancer.queue.depth_by_priority()},
+        ),
         name=zone,
         tenants=topology.auth.tenant_ids,
-        telemetry=setup_tracing("meridian-local"),
+        telemetry=telemetry or setup_tracing("meridian-local"),
         admin=local_admin(hooks, topology, reload_from),
     )
-    add_local_metrics(tier.metrics, balancer.queue.depth_by_priority, ejections)
-    if tier.ops_server is not None:
-        tier.ops_server.child_details = lambda gpu: gpu_details(view, gpu)
-        tier.ops_server.extra_state = lambda: {"queue": balancer.queue.depth_by_priority()}
-    return tier
+

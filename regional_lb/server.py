@@ -6,21 +6,23 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from common.basics.geo import GeoPoint
-from common.capacity.streams import CapacityPublisher, CapacityReader, region_stream, zone_stream
+from common.capacity.streams import region_stream, zone_stream
 from common.capacity.summary import aggregate
 from common.config.node import ConfigError
-from common.config.tls import tier_channel_credentials, tier_server_credentials
+from common.config.tls import tier_server_credentials
 from common.config.topology import RegionConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
-from common.observability.tracing import setup_tracing
+from common.observability.tracing import Telemetry, setup_tracing
 from common.operations.admin import upper_tier_admin
 from common.request.balancer import RankingBalancer
 from common.request.children import Child, ChildSet
+from common.request.forwarding import ForwardingPolicy
 from common.request.proxy import TierSpec
 from common.request.resilience import SlowStartConfig
 from common.request.routing import RouteHints
 from common.tenancy.admission import inner_admission
 from common.tier.server import TierServer, source_id
+from common.tier.wiring import summary_publisher, summary_reader, tier_children
 from regional_lb.picker import ZonePicker
 
 
@@ -80,47 +82,30 @@ def zone_children(region_cfg: RegionConfig) -> list[Child]:
 
 
 def build_regional_tier(
-    topology: Topology, region: str, *, reload_from: Callable[[], Topology] | None = None
+    topology: Topology, region: str, *, reload_from: Callable[[], Topology] | None = None,
+    telemetry: Telemetry | None = None,
 ) -> TierServer:
     """The regional tier of ``region`` as described by ``topology``; ``reload_from``
     re-reads the topology for the Admin API's ReloadTopology."""
     region_cfg = topology.region(region)
-    zones = ChildSet(
-        zone_children(region_cfg),
-        probe_interval_s=topology.health_interval_s,
-        summary_ttl_s=topology.summary_ttl_s,
-        kind="zone",
-        credentials=tier_channel_credentials(topology.tls),
-    )
-    reader = CapacityReader(
-        topology.redis_url,
-        {zone_stream(region, z.name): z.name for z in region_cfg.zones},
-        zones.take_summary,
+    zones = tier_children(topology, zone_children(region_cfg), "zone")
+    reader = summary_reader(
+        topology, {zone_stream(region, z.name): z.name for z in region_cfg.zones}, zones
     )
     source = source_id("regional", region)
-    publisher = CapacityPublisher(
-        topology.redis_url,
+    publisher = summary_publisher(
+        topology,
         region_stream(region),
         lambda seq: region_summary(zones, source=source, sequence=seq, region=region),
-        cadence_s=topology.summary_cadence_s,
-        maxlen=topology.summary_stream_maxlen,
-    )
-
-    def origin(hints: RouteHints) -> GeoPoint:
-        return hints.origin or region_cfg.location
-
-    spec = TierSpec(
-        tier="regional",
-        route_prefix=region,
-        trust_internal=True,
-        resolve_origin=origin,
     )
     picker = ZonePicker(
         region_cfg.location,
         topology.summary_ttl_s,
         failback=SlowStartConfig(window_s=topology.failback_window_s),
     )
-    balancer = RankingBalancer(picker, zones)
+
+    def origin(hints: RouteHints) -> GeoPoint:
+        return hints.origin or region_cfg.location
 
     def wanted(new: Topology) -> list[Child]:
         try:
@@ -131,13 +116,11 @@ def build_regional_tier(
     def follow(new: Topology) -> None:
         reader.follow({zone_stream(region, z.name): z.name for z in wanted(new)})
 
-    admin = upper_tier_admin(
-        "regional", region, "zone", zones, topology, wanted, follow=follow, source=reload_from
-    )
     return TierServer(
-        spec,
+        TierSpec(tier="regional", trust_internal=True, resolve_origin=origin),
+        ForwardingPolicy(kind="zone", route_prefix=region),
         zones,
-        balancer,
+        RankingBalancer(picker, zones),
         region_cfg.endpoint,
         publisher=publisher,
         reader=reader,
@@ -147,6 +130,8 @@ def build_regional_tier(
         ops=region_cfg.ops,
         name=region,
         tenants=topology.auth.tenant_ids,
-        telemetry=setup_tracing("meridian-regional"),
-        admin=admin,
+        telemetry=telemetry or setup_tracing("meridian-regional"),
+        admin=upper_tier_admin(
+            "regional", region, "zone", zones, topology, wanted, follow=follow, source=reload_from
+        ),
     )

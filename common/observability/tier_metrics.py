@@ -2,9 +2,9 @@
 health and summary age (callback gauges), retries, the local tier's queue and ejections.
 
 ``TierMetrics`` owns a tier's ``Registry`` and its families. Request counts and
-latencies are recorded by ``MetricsInterceptor``, a grpc.aio server interceptor
-around ModelInfer and ModelStreamInfer, so the request path stays free of metric
-calls. Child health and summary age are callback gauges read from the ``ChildSet``
+latencies are recorded when the call interceptor (``common.request.call``) tells it
+a ModelInfer or ModelStreamInfer call ended, so the request path stays free of
+metric calls. Child health and summary age are callback gauges read from the ``ChildSet``
 at scrape time.
 
 Labels are bounded: ``model`` is a configured model or ``-``, ``tenant`` a
@@ -14,11 +14,8 @@ configured tenant id or ``-``, ``status`` a gRPC status code name.
 
 from __future__ import annotations
 
-import asyncio
 import math
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Iterable
-from typing import Any
+from collections.abc import Callable, Collection, Iterable
 
 import grpc
 
@@ -28,11 +25,10 @@ from common.observability.metrics import (
     CounterChild,
     Registry,
 )
+from common.request.call import CallRecord
 from common.request.children import ChildSet
 from common.request.resilience import RetryBudget, RetryBudgetConfig
-from common.request.routing import TENANT
 
-INFER_METHODS = frozenset({"ModelInfer", "ModelStreamInfer"})
 UNKNOWN_LABEL = "-"
 
 
@@ -55,13 +51,11 @@ class TierMetrics:
         *,
         models: Collection[str] = (),
         tenants: Collection[str] = (),
-        trust_tenant: bool = False,
     ) -> None:
         self.tier = tier
         self.children = children
         self.models = frozenset(models)
         self.tenants = frozenset(tenants)
-        self.trust_tenant = trust_tenant
         self.registry = Registry()
         r = self.registry
         self.requests = r.counter(
@@ -115,13 +109,8 @@ class TierMetrics:
     def model_label(self, model: str) -> str:
         return model if model in self.models else UNKNOWN_LABEL
 
-    def tenant_label(self, metadata: Iterable[tuple[str, Any]] | None) -> str:
-        if not self.trust_tenant or metadata is None:
-            return UNKNOWN_LABEL
-        for key, value in metadata:
-            if key == TENANT:
-                return value if value in self.tenants else UNKNOWN_LABEL
-        return UNKNOWN_LABEL
+    def tenant_label(self, tenant: str) -> str:
+        return tenant if tenant in self.tenants else UNKNOWN_LABEL
 
     def record(
         self, model: str, tenant: str, code: grpc.StatusCode, detail: str, seconds: float
@@ -133,93 +122,15 @@ class TierMetrics:
         if code is grpc.StatusCode.RESOURCE_EXHAUSTED:
             self.sheds.labels(self.tier, shed_reason(detail)).inc()
 
-    def interceptor(self) -> MetricsInterceptor:
-        return MetricsInterceptor(self)
+    # As a CallObserver of the call interceptor (common.request.call): the tenant is
+    # the one the proxy resolved, so it is right at the edge too.
+    def call_started(self, call: CallRecord) -> None:
+        return None
 
-
-def _final_status(context: Any, exc: BaseException | None) -> tuple[grpc.StatusCode, str]:
-    """The status a handler ended with: what ``context`` says, else OK / CANCELLED / UNKNOWN."""
-    code = context.code()
-    if isinstance(code, grpc.StatusCode):
-        return code, context.details() or ""
-    if isinstance(code, int):
-        for member in grpc.StatusCode:
-            if member.value[0] == code:
-                return member, context.details() or ""
-    if exc is None:
-        return grpc.StatusCode.OK, ""
-    if isinstance(exc, asyncio.CancelledError):
-        return grpc.StatusCode.CANCELLED, ""
-    return grpc.StatusCode.UNKNOWN, str(exc)
-
-
-class MetricsInterceptor(grpc.aio.ServerInterceptor):
-    """Counts and times ModelInfer and ModelStreamInfer; other methods pass untouched."""
-
-    def __init__(self, metrics: TierMetrics) -> None:
-        self.metrics = metrics
-
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method.rpartition("/")[2]
-        if handler is None or method not in INFER_METHODS:
-            return handler
-        tenant = self.metrics.tenant_label(handler_call_details.invocation_metadata)
-        record = self.metrics.record
-        if handler.unary_unary is not None:
-            unary = handler.unary_unary
-
-            async def timed_unary(request: Any, context: Any) -> Any:
-                started = time.perf_counter()
-                failure: BaseException | None = None
-                try:
-                    return await unary(request, context)
-                except BaseException as exc:
-                    failure = exc
-                    raise
-                finally:
-                    code, detail = _final_status(context, failure)
-                    record(request.model_name, tenant, code, detail, time.perf_counter() - started)
-
-            return grpc.unary_unary_rpc_method_handler(
-                timed_unary,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        if handler.stream_stream is not None:
-            stream = handler.stream_stream
-
-            async def timed_stream(request_iterator: AsyncIterator[Any], context: Any) -> Any:
-                started = time.perf_counter()
-                model = [""]
-
-                async def watched() -> AsyncIterator[Any]:
-                    async for request in request_iterator:
-                        if not model[0]:
-                            model[0] = request.model_name
-                        yield request
-
-                failure: BaseException | None = None
-                try:
-                    return await stream(watched(), context)
-                except BaseException as exc:
-                    failure = exc
-                    raise
-                finally:
-                    code, detail = _final_status(context, failure)
-                    record(model[0], tenant, code, detail, time.perf_counter() - started)
-
-            return grpc.stream_stream_rpc_method_handler(
-                timed_stream,
-                request_deserializer=handler.request_deserializer,
-                response_serializer=handler.response_serializer,
-            )
-        return handler
-
+    def call_ended(self, call: CallRecord) -> None:
+        self.record(
+            call.model, self.tenant_label(call.tenant), call.code, call.detail, call.elapsed_s
+        )
 
 
 class CountingRetryBudget(RetryBudget):

@@ -42,7 +42,9 @@ from opentelemetry.trace import StatusCode as SpanStatus
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
+from common.basics.vocabulary import ANONYMOUS_TENANT
 from common.request.balancer import Lease
+from common.request.call import CallRecord
 
 RECENT_SPANS = 2000
 TRACE_KEYS = ("traceparent", "tracestate")
@@ -204,10 +206,12 @@ def end_span(
 
 
 class TierTracing:
-    """The spans one tier's proxy makes for a call: a server span (continuing the
-    caller's trace), a ``pick`` span per decision with a ``queue`` span for time in
-    the local queue, and a client span per forward attempt (kept in the lease's
-    ``span`` until the proxy settles the attempt).
+    """The spans of one tier's calls: a server span per call (continuing the caller's
+    trace; as a ``CallObserver`` of the call interceptor), and, for the forwarding loop
+    (``AttemptTracing``), a ``pick`` span per decision with a ``queue`` span for time
+    in the local queue, and a client span per forward attempt (kept in the lease's
+    ``span`` until the loop settles the attempt), whose context goes down as the
+    child's ``traceparent``.
 
     Cheap on the request path: with a no-op tracer (or a sampled-out request) every
     method returns at its first line; a decision span is recorded after the fact from
@@ -229,6 +233,12 @@ class TierTracing:
             attributes={TIER: self.tier},
         )
 
+    def call_started(self, call: CallRecord) -> None:
+        call.span = self.server_span(call.method, call.metadata)
+
+    def call_ended(self, call: CallRecord) -> None:
+        self.end_server_span(call.span, call.tenant, call.model, call.route, call.code)
+
     def end_server_span(
         self, span: Span, tenant: str | None, model: str, route: str, code: grpc.StatusCode
     ) -> None:
@@ -237,8 +247,8 @@ class TierTracing:
         attributes: dict[str, AttributeValue] = dict(route_attributes(route))
         if model:
             attributes[MODEL] = model
-        # Without authentication every caller is the anonymous tenant (common.tenancy.auth).
-        attributes[TENANT] = tenant or "anonymous"
+        # Without authentication every caller is the anonymous tenant.
+        attributes[TENANT] = tenant or ANONYMOUS_TENANT
         end_span(span, code, attributes=attributes)
 
     @staticmethod
@@ -302,3 +312,16 @@ class TierTracing:
             attributes=attributes,
         )
 
+    @staticmethod
+    def end_attempt(lease: Lease, code: grpc.StatusCode, detail: str, elapsed: float) -> None:
+        span, lease.span = lease.span, None
+        if span is not None:
+            end_span(span, code, detail, {ACTUAL_S: elapsed})
+
+    @staticmethod
+    def child_metadata(
+        metadata: list[tuple[str, str]], lease: Lease, parent: Span
+    ) -> list[tuple[str, str]]:
+        """Downstream metadata carrying this tier's context: the attempt span's, or
+        (sampled out) the server span's, so the tiers below keep the sampling decision."""
+        return inject_context(metadata, lease.span or parent)

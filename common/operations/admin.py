@@ -129,7 +129,6 @@ class AdminService(apb_grpc.AdminServicer):
         self.source = source
         self.guard = guard
         self.index = subtree_index(topology, tier, name)
-        self.on_reloaded: Callable[[], None] = lambda: None
         self._reloading = asyncio.Lock()
 
     def register(self, server: grpc.aio.Server) -> None:
@@ -331,7 +330,6 @@ class AdminService(apb_grpc.AdminServicer):
         self.index = subtree_index(topology, self.tier, self.name)
         if self.guard is not None:
             report.not_applied.extend(self.guard.take_admin_keys(topology.auth))
-        self.on_reloaded()
         return report
 
     async def _reload_below(

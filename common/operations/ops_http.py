@@ -1,10 +1,4 @@
-"""Operations surface of a tier: request metrics (a gRPC server interceptor) and the ops HTTP.
-
-``TierMetrics`` owns a tier's ``Registry`` and its families. Request counts and
-latencies are recorded by ``MetricsInterceptor``, a grpc.aio server interceptor
-around ModelInfer and ModelStreamInfer, so the request path (``common.request.proxy``)
-stays free of metric calls. Child health and summary age are callback gauges
-read from the ``ChildSet`` at scrape time.
+"""The ops HTTP of one tier.
 
 ``OpsServer`` serves, over plain HTTP (aiohttp) on the tier's ``ops_listen``:
 
@@ -20,17 +14,14 @@ read from the ``ChildSet`` at scrape time.
 A tier may add its own routes (``extensions``: the global tier's dashboard) and
 details per child or for the whole tier (``child_details``, ``extra_state``).
 
-Labels are bounded: ``model`` is a configured model or ``-``, ``tenant`` a
-configured tenant id or ``-`` (the tenant is read from the internal
-``x-meridian-tenant`` metadata, believed only on tiers that trust the tier
-above; the edge resolves the tenant inside the proxy, after the interceptor,
-so the global tier reports ``-``), ``status`` a gRPC status code name.
+The metrics it serves are defined in ``common.observability.tier_metrics``.
 """
 
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
@@ -47,11 +38,20 @@ from common.observability.tier_metrics import TierMetrics
 from common.observability.tracing import RecentSpans
 from common.request.children import Child, ChildSet
 
-INFER_METHODS = frozenset({"ModelInfer", "ModelStreamInfer"})
 UNKNOWN_LABEL = "-"
 
 
 ChildDetails = Callable[[Child], dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class OpsAdditions:
+    """What a tier adds to the ops surface: metric families (each called with the
+    tier's ``TierMetrics``), per-child details and tier-wide state in /api/state."""
+
+    metrics: Sequence[Callable[[TierMetrics], None]] = ()
+    child_details: ChildDetails | None = None
+    extra_state: Callable[[], dict[str, Any]] | None = None
 
 
 def child_state(
@@ -104,7 +104,16 @@ class OpsServer:
     ``stop()`` closes the listener and the runner.
     """
 
-    def __init__(self, endpoint: Endpoint, name: str, metrics: TierMetrics) -> None:
+    def __init__(
+        self,
+        endpoint: Endpoint,
+        name: str,
+        metrics: TierMetrics,
+        *,
+        recent: RecentSpans | None = None,
+        child_details: ChildDetails | None = None,
+        extra_state: Callable[[], dict[str, Any]] | None = None,
+    ) -> None:
         self.endpoint = endpoint
         self.name = name
         self.metrics = metrics
@@ -113,13 +122,14 @@ class OpsServer:
         # Set when the tier begins to stop: /readyz answers 503 from then on.
         self.draining = False
         # The tier's recent finished spans (None when traces are exported instead).
-        self.recent: RecentSpans | None = None
+        self.recent = recent
         self.series = RequestSeries(metrics.requests, metrics.duration)
         self._sampler = Ticker(self.series.sample, 1.0)
-        # What a tier adds: routes (each called with the app), per-child and tier-wide state.
+        # What a tier adds: per-child and tier-wide state, and routes (each called with
+        # the app when it is built: the global's fleet view registers there).
+        self.child_details = child_details
+        self.extra_state = extra_state
         self.extensions: list[Callable[[web.Application], None]] = []
-        self.child_details: ChildDetails | None = None
-        self.extra_state: Callable[[], dict[str, Any]] | None = None
         self._runner: web.AppRunner | None = None
 
     @property

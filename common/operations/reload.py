@@ -65,6 +65,8 @@ async def reload_children(
             current.speed = child.speed
         if changes:
             report.changed.append(f"{child.name}: {', '.join(changes)}")
+    if report.changed:
+        children.settings_changed()
     return report
 
 

@@ -141,6 +141,10 @@ class ChildSet:
         for listener in self._listeners:
             listener()
 
+    def settings_changed(self) -> None:
+        """A kept child's settings (models, location) changed: tell the listeners."""
+        self._changed()
+
     def __iter__(self) -> Iterator[Child]:
         return iter(self.children)
 

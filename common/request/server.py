@@ -66,7 +66,7 @@ class V2Server:
     seconds, then cancels the rest. With ``credentials`` the port serves TLS
     (see ``common.config.tls``), else plaintext. ``limits`` bounds message and
     metadata sizes (default: ``Limits()``, 4 MiB and 16 KiB). ``interceptors``
-    wrap every handler (``common.operations.ops_http.MetricsInterceptor`` counts inference calls).
+    wrap every handler (``common.request.call.CallInterceptor`` records inference calls).
     """
 
     def __init__(

@@ -1,173 +1,147 @@
-"""Relaying a bidirectional ModelStreamInfer through one tier.
+"""Relaying a bidirectional ModelStreamInfer through one tier: the stream's ``Attempt``.
 
 One client stream is relayed to one child stream, chosen at the first valid
-request. Until the child's first response reaches the client, the requests
-sent so far are kept and replayed on the next child if this one fails (the
-same retry rules as unary calls); after that, a child failure ends the stream
-with the child's status. Invalid requests get an ``error_message`` response
-and the stream goes on, as in Triton.
+request. Until the child's first response reaches the client the requests sent
+so far are kept, so the forwarding loop (``common.request.forwarding``) can replay
+them on the next child if this one fails; after that, a child failure ends the
+stream with the child's status. Invalid requests get an ``error_message``
+response and the stream goes on, as in Triton.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import grpc
-from opentelemetry import trace
-from opentelemetry.trace import Span
 
 from common.basics.errors import RouteError
 from common.gen.inference import grpc_service_pb2 as pb
-from common.request.attempts import Attempts, with_route
-from common.request.balancer import Lease
+from common.request.call import CallRecord
+from common.request.children import Child
+from common.request.forwarding import Metadata
 from common.request.pick import PickRequest
-from common.request.routing import RouteHints
-from common.request.v2 import parse_generate
+from common.request.v2 import GenerateRequest
 
-if TYPE_CHECKING:
-    from common.request.proxy import InferenceProxy
+Release = Callable[[], None]
 
 
-class StreamForward:
-    """One client stream relayed to one child stream, with failover before the first byte."""
+class StreamRelay:
+    """One client stream, read by a task of its own while ``send`` relays the child's.
+
+    ``parse`` validates each request (raises RouteError); ``place`` turns the first
+    valid one into the stream's pick and admits it (returning the admission's
+    release); ``check_served`` vets the later ones. ``record`` learns the model,
+    the prompt size and how many responses went back.
+    """
+
+    method = "ModelStreamInfer"
 
     def __init__(
         self,
-        proxy: InferenceProxy,
-        hints: RouteHints,
         context: grpc.aio.ServicerContext,
-        span: Span = trace.INVALID_SPAN,
+        record: CallRecord,
+        *,
+        parse: Callable[[pb.ModelInferRequest], GenerateRequest],
+        place: Callable[[GenerateRequest], Awaitable[tuple[PickRequest, Release]]],
+        check_served: Callable[[GenerateRequest], None],
     ) -> None:
-        self.proxy = proxy
-        self.span = span  # the tier's server span: decisions and attempts nest under it
-        self.hints = hints
         self.context = context
-        self.attempts = Attempts()
-        self.lease: Lease | None = None
-        self.call: Any = None
+        self.record = record
+        self.parse = parse
+        self.place = place
+        self.check_served = check_served
         self.pick: PickRequest | None = None
+        self.release: Release | None = None
+        # What the next child must be sent again; None once a response went back.
         self.replay: list[pb.ModelInferRequest] | None = []
+        self.call: Any = None
         self.client_done = False
-        # What the stream delivered, for its usage record.
-        self.route = ""
-        self.responses = 0
-        self.release: Any = None
-        self.upstream_ready = asyncio.Event()
+        self.placed = asyncio.Event()
+        # Orders the reader's writes to the child against opening and replaying.
         self.lock = asyncio.Lock()
         self.write_lock = asyncio.Lock()
 
-    async def run(self, request_iterator: AsyncIterator[pb.ModelInferRequest]) -> None:
-        self.proxy.retry_budget.request_started()
-        reader = asyncio.create_task(self._read_client(request_iterator))
+    @property
+    def committed(self) -> bool:
+        return self.replay is None
+
+    async def relay(
+        self,
+        requests: AsyncIterator[pb.ModelInferRequest],
+        forward: Callable[[StreamRelay, PickRequest], Awaitable[tuple[None, str]]],
+    ) -> str:
+        """Relay the whole stream; the route it took ("" when it never had a valid request)."""
+        reader = asyncio.create_task(self._read_client(requests))
         try:
-            await self._relay(reader)
+            await self.placed.wait()
+            if self.pick is None:
+                await reader  # the client ended without a valid request, or reading failed
+                return ""
+            _, route = await forward(self, self.pick)
+            await reader
+            return route
         finally:
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await reader
             if self.call is not None and not self.call.done():
                 self.call.cancel()
-            self._settle(grpc.StatusCode.CANCELLED, ())
-            self.proxy.end_attempt(self.attempts)
-            self.proxy.retry_budget.request_finished()
             if self.release is not None:
                 self.release()
+
+    async def send(
+        self, child: Child, metadata: Metadata, timeout: float | None
+    ) -> tuple[None, Any]:
+        """Open the stream on ``child``, replay what it missed, relay its responses."""
+        assert child.stub is not None
+        async with self.lock:
+            self.call = call = child.stub.ModelStreamInfer(metadata=metadata, timeout=timeout)
+            # A child that fails at once may fail these writes with a status of grpc's
+            # own; its real status comes from reading its responses below.
+            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                for request in self.replay or ():
+                    await call.write(request)
+                if self.client_done:
+                    await call.done_writing()
+        async for response in call:
+            self.replay = None  # a byte went back: no failover from here on
+            self.record.completion_tokens += 1
+            await self._write(response)
+        return None, await call.trailing_metadata()
 
     async def _write(self, response: pb.ModelStreamInferResponse) -> None:
         async with self.write_lock:
             await self.context.write(response)
 
-    async def _read_client(self, request_iterator: AsyncIterator[pb.ModelInferRequest]) -> None:
+    async def _read_client(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
         try:
-            async for request in request_iterator:
+            async for request in requests:
+                if not self.record.model:
+                    self.record.model = request.model_name
                 try:
-                    gen = parse_generate(request, self.proxy.limits)
+                    gen = self.parse(request)
                     if self.pick is None:
-                        pick = self.proxy.pick_request(gen.model, gen.version, self.hints, gen)
-                        self.release = await self.proxy.admission.admit(self.hints, pick)
-                        self.pick = pick
-                        async with self.lock:
-                            await self._open_next()
-                    elif gen.model not in self.proxy.models:
-                        raise RouteError.not_found(f"model {gen.model!r} is not served here")
+                        self.pick, self.release = await self.place(gen)
+                        self.record.prompt_tokens = self.pick.prompt_tokens
+                        self.placed.set()
+                    else:
+                        self.check_served(gen)
                 except RouteError as err:
-                    if self.pick is not None and self.call is None:
-                        raise  # no child could take the stream: end it with that status
                     await self._write(pb.ModelStreamInferResponse(error_message=str(err)))
                     continue
                 async with self.lock:
                     if self.replay is not None:
                         self.replay.append(request)
-                    with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                        await self.call.write(request)
+                    if self.call is not None:
+                        with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
+                            await self.call.write(request)
         finally:
             self.client_done = True
             async with self.lock:
                 if self.call is not None:
                     with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                         await self.call.done_writing()
-            self.upstream_ready.set()
-
-    def _settle(self, code: grpc.StatusCode, trailers: Any, detail: str = "") -> None:
-        if self.lease is not None:
-            self.proxy.settle(self.lease, code, trailers, detail)
-            self.lease = None
-
-    async def _open_next(self) -> None:
-        """Open the stream on the next child and replay what it missed (lock held)."""
-        assert self.pick is not None
-        self.proxy.end_attempt(self.attempts)
-        self.lease = await self.proxy.next_lease(self.pick, self.attempts, self.context, self.span)
-        n = len(self.attempts.tried) - 1
-        self.proxy.tracing.begin_attempt(
-            "ModelStreamInfer", self.lease, self.hints.attempt + n, self.span
-        )
-        child = self.lease.child
-        assert child.stub is not None
-        self.call = child.stub.ModelStreamInfer(
-            metadata=self.proxy.child_metadata(self.hints, self.pick, self.lease, n, self.span),
-            timeout=self.proxy.lease_timeout(self.lease, self.context),
-        )
-        for request in self.replay or ():
-            await self.call.write(request)
-        if self.client_done:
-            await self.call.done_writing()
-        self.upstream_ready.set()
-
-    async def _relay(self, reader: asyncio.Task[None]) -> None:
-        while True:
-            await self.upstream_ready.wait()
-            if self.call is None:
-                await reader  # the client ended without a valid request, or reading failed
-                return
-            call, lease = self.call, self.lease
-            assert lease is not None
-            try:
-                async for response in call:
-                    self.replay = None  # a byte went back: no failover from here on
-                    self.responses += 1
-                    await self._write(response)
-                trailers = await call.trailing_metadata()
-                self._settle(grpc.StatusCode.OK, trailers)
-                self.route = self.proxy.route_of(lease.child, trailers)
-                self.context.set_trailing_metadata(
-                    with_route(
-                        trailers, self.route, self.proxy.hint(self.pick.model if self.pick else "")
-                    )
-                )
-                await reader
-                return
-            except grpc.aio.AioRpcError as exc:
-                if call.cancelled() and reader.done():
-                    return
-                self.lease = None
-                failover = self.proxy.failover_or_raise(lease, exc)
-                if self.replay is None:
-                    raise RouteError(exc.code(), exc.details() or "") from None
-                self.attempts.failures.append(failover)
-                async with self.lock:
-                    self.call = None
-                    await self._open_next()
+            self.placed.set()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import grpc
 
 from common.config.access import AuthConfig, TenantConfig
+from common.request.call import CallRecord
 from common.request.pick import PickRequest
 from common.request.routing import RouteHints
 from common.tenancy.auth import ANONYMOUS, Authenticator, asked_priority
@@ -70,33 +71,29 @@ class Admission:
             return lambda: caps.release(tenant.id)
         return _nothing
 
-    def record(
-        self,
-        hints: RouteHints,
-        pick: PickRequest | None,
-        model: str,
-        route: str,
-        code: grpc.StatusCode,
-        started: float,
-        completion_tokens: int,
-        trace_id: str,
-    ) -> None:
-        """One usage record for a finished request (at the edge only)."""
-        if self.usage is None:
-            return
+    # As a CallObserver of the call interceptor (common.request.call): one usage
+    # record per finished inference call, at the edge only (``usage`` is set there).
+    def call_started(self, call: CallRecord) -> None:
+        return None
+
+    def call_ended(self, call: CallRecord) -> None:
+        if self.usage is None or call.hints is None:
+            return  # not the edge, or the call failed before its caller was known
+        route = call.route
         region, zone, gpu = ([*route.split("/"), "", "", ""])[:3] if route else ("", "", "")
+        ok = call.code == grpc.StatusCode.OK
         self.usage.record(
             UsageRecord(
-                tenant=hints.tenant or ANONYMOUS.id,
-                model=model,
+                tenant=call.hints.tenant or ANONYMOUS.id,
+                model=call.model,
                 region=region,
                 zone=zone,
                 gpu=gpu,
-                prompt_tokens=pick.prompt_tokens if pick else 0,
-                completion_tokens=completion_tokens,
-                gpu_seconds=time.monotonic() - started if code == grpc.StatusCode.OK else 0.0,
-                status=code.name,
-                trace_id=trace_id,
+                prompt_tokens=call.prompt_tokens,
+                completion_tokens=call.completion_tokens,
+                gpu_seconds=call.elapsed_s if ok else 0.0,
+                status=call.code.name,
+                trace_id=call.trace_id,
                 request_id=uuid.uuid4().hex,
                 finished_at_ms=int(time.time() * 1000),
             )

@@ -15,21 +15,28 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 import grpc
+from opentelemetry import trace
 
 from common.capacity.streams import CapacityPublisher, CapacityReader
 from common.config.access import Limits
 from common.config.node import Endpoint
 from common.observability.tier_metrics import CountingRetryBudget, TierMetrics
-from common.observability.tracing import Telemetry
+from common.observability.tracing import Telemetry, TierTracing
 from common.operations.admin import ADMIN_SERVICE, AdminService
-from common.operations.ops_http import OpsServer
+from common.operations.ops_http import OpsAdditions, OpsServer
 from common.request.balancer import Balancer
+from common.request.call import CallInterceptor, CallObserver
 from common.request.children import ChildSet
+from common.request.forwarding import Forwarder, ForwardingPolicy
 from common.request.proxy import InferenceProxy, TierSpec
 from common.request.server import V2Server
 from common.tenancy.admission import Admission
 
 log = logging.getLogger(__name__)
+
+
+def no_hint(model: str) -> None:
+    return None
 
 
 def source_id(tier: str, *names: str) -> str:
@@ -52,9 +59,16 @@ DRAIN_NOTICE_S = 0.3
 
 @dataclass
 class TierServer:
-    """One running tier: serves V2 on ``endpoint`` and forwards to ``children``."""
+    """One running tier: serves V2 on ``endpoint`` and forwards to ``children``.
+
+    It builds the parts every tier has alike, in the order they need each other:
+    metrics (whose retry counter the forwarding loop's budget carries), the
+    tracing, the forwarding loop, the proxy, the gRPC server with the call
+    interceptor (tracing, metrics, usage), the ops HTTP and the Admin API.
+    """
 
     spec: TierSpec
+    policy: ForwardingPolicy
     children: ChildSet
     balancer: Balancer
     endpoint: Endpoint
@@ -67,8 +81,9 @@ class TierServer:
     # TLS for the served port (common.config.tls.tier_server_credentials); None: plaintext.
     credentials: grpc.ServerCredentials | None = None
     # Ops HTTP (common.operations.ops_http) on this address, named ``name`` in
-    # /api/state; None: not served.
+    # /api/state, with the tier's own additions; None: not served.
     ops: Endpoint | None = None
+    ops_additions: OpsAdditions = field(default_factory=OpsAdditions)
     name: str = ""
     # Configured tenant ids: the only values the metrics' tenant label takes.
     tenants: frozenset[str] = frozenset()
@@ -76,14 +91,6 @@ class TierServer:
     admin: AdminService | None = None
 
     def __post_init__(self) -> None:
-        self.proxy = InferenceProxy(
-            self.spec,
-            self.children,
-            self.balancer,
-            admission=self.admission,
-            limits=self.limits,
-            tracer=self.telemetry.tracer if self.telemetry is not None else None,
-        )
         self._ready = True
         self._started = False
         self._pending: set[asyncio.Task[None]] = set()
@@ -92,41 +99,68 @@ class TierServer:
             self.children,
             models=frozenset(m for c in self.children for m in c.models),
             tenants=self.tenants,
-            trust_tenant=self.spec.trust_internal,
         )
-        self.proxy.retry_budget = CountingRetryBudget(self.metrics.retries.labels(self.spec.tier))
-        self.server = V2Server(
+        for add in self.ops_additions.metrics:
+            add(self.metrics)
+        tracing = TierTracing(
+            self.telemetry.tracer if self.telemetry is not None else trace.NoOpTracer(),
+            self.spec.tier,
+        )
+        self.forwarder = Forwarder(
+            self.policy,
+            self.balancer,
+            budget=CountingRetryBudget(self.metrics.retries.labels(self.spec.tier)),
+            tracing=tracing if tracing.enabled else None,
+            hint_source=self.publisher.latest_hint if self.publisher is not None else no_hint,
+        )
+        self.proxy = InferenceProxy(
+            self.spec,
+            self.children,
+            self.balancer,
+            self.forwarder,
+            gate=self.admission,
+            limits=self.limits,
+        )
+        self.server = self._v2_server(tracing)
+        if self.admin is not None:
+            self.server.add_service(self.admin.register, ADMIN_SERVICE)
+        self.ops_server = (
+            None
+            if self.ops is None
+            else OpsServer(
+                self.ops,
+                self.name,
+                self.metrics,
+                recent=self.telemetry.recent if self.telemetry is not None else None,
+                child_details=self.ops_additions.child_details,
+                extra_state=self.ops_additions.extra_state,
+            )
+        )
+        if self.publisher is not None:
+            self.children.add_listener(self.publisher.poke)
+        self.children.add_listener(self._readiness_changed)
+        # A child came or left, or a reload changed a kept child's models: a model
+        # nobody serves any more is NOT_FOUND again, a new one is served.
+        self.children.add_listener(self._children_changed)
+
+    def _v2_server(self, tracing: TierTracing) -> V2Server:
+        """The gRPC server, its calls observed by tracing, metrics and (at the edge) usage."""
+        observers: list[CallObserver] = [tracing] if tracing.enabled else []
+        observers.append(self.metrics)
+        if self.admission is not None and self.admission.usage is not None:
+            observers.append(self.admission)
+        return V2Server(
             self.proxy,
             self.endpoint,
             credentials=self.credentials,
             limits=self.limits,
-            interceptors=[self.metrics.interceptor()],
+            interceptors=[CallInterceptor(observers)],
         )
-        if self.admin is not None:
-            self.server.add_service(self.admin.register, ADMIN_SERVICE)
-            self.admin.on_reloaded = self._children_reloaded
-        self.ops_server = None if self.ops is None else OpsServer(self.ops, self.name, self.metrics)
-        if self.ops_server is not None and self.telemetry is not None:
-            self.ops_server.recent = self.telemetry.recent
-        if self.publisher is not None:
-            self.children.add_listener(self.publisher.poke)
-            self.proxy.hint_source = self.publisher.latest_hint
-        self.children.add_listener(self._readiness_changed)
-        # The child tuple the served models were derived from (ChildSet replaces it
-        # when a child is added or finally leaves).
-        self._members = self.children.children
-        self.children.add_listener(self._membership_changed)
 
-    def _children_reloaded(self) -> None:
-        """A reloaded topology may add models or change a kept child's; a removed
-        child's models go when it has finally left (``_membership_changed``)."""
-        self._members = self.children.children
-        self.proxy.models = frozenset(m for c in self._members for m in c.models)
-
-    def _membership_changed(self) -> None:
-        """A child came or left: a model nobody serves any more is NOT_FOUND again."""
-        if self.children.children is not self._members:
-            self._children_reloaded()
+    def _children_changed(self) -> None:
+        models = frozenset(m for c in self.children.children for m in c.models)
+        if models != self.proxy.models:
+            self.proxy.serve_models(models)
 
     def _readiness_changed(self) -> None:
         """Serve grpc.health.v1 SERVING only while some child is up: the tier above

@@ -76,12 +76,10 @@ async def chain(
     assert telemetry.recent is not None
     workers = ZoneWorkers(topo.zone(REGION, ZONE), region=REGION, time_scale=0.05)
     tiers: list[TierServer] = [
-        build_local_tier(topo, REGION, ZONE),
-        build_regional_tier(topo, REGION),
-        build_global_tier(topo),
+        build_local_tier(topo, REGION, ZONE, telemetry=telemetry),
+        build_regional_tier(topo, REGION, telemetry=telemetry),
+        build_global_tier(topo, telemetry=telemetry),
     ]
-    for tier in tiers:
-        tier.proxy.tracer = telemetry.tracer
     await workers.start()
     started: list[TierServer] = []
     try:

@@ -22,6 +22,7 @@ from common.operations.admin import AdminService, TierHooks, subtree_index
 from common.operations.reload import reload_children, unapplied_settings
 from common.request.balancer import RankingBalancer
 from common.request.children import Child, ChildSet
+from common.request.forwarding import ForwardingPolicy
 from common.request.pick import PickRequest
 from common.request.proxy import TierSpec
 from common.tenancy.auth import AdminGuard, bearer_key, hash_key
@@ -294,11 +295,15 @@ async def test_a_model_is_not_found_once_the_last_child_serving_it_has_left() ->
     a = zone("a")
     b = dataclasses.replace(zone("b"), models=frozenset({"n"}))
     children = ChildSet([a, b], probe_interval_s=1, summary_ttl_s=1.5, probe=False)
-    spec = TierSpec(
-        tier="regional", route_prefix="r", trust_internal=True, resolve_origin=lambda h: None
-    )
+    spec = TierSpec(tier="regional", trust_internal=True, resolve_origin=lambda h: None)
     picker = RegionPicker(GeoPoint(0, 0), 1.5)
-    tier = TierServer(spec, children, RankingBalancer(picker, children), Endpoint("127.0.0.1", 0))
+    tier = TierServer(
+        spec,
+        ForwardingPolicy(kind="zone", route_prefix="r"),
+        children,
+        RankingBalancer(picker, children),
+        Endpoint("127.0.0.1", 0),
+    )
     await children.start()
     try:
         b.outstanding_requests = 1

@@ -3,7 +3,7 @@
 import grpc
 
 from common.basics.errors import RETRY_AFTER_MS
-from common.request.attempts import Attempts, Failover
+from common.request.forwarding import Attempts, Failover
 
 
 def failover(child: str, code: grpc.StatusCode, retry_ms: str | None = None) -> Failover:

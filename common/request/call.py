@@ -1,0 +1,169 @@
+"""One inference call as the cross-cutting concerns see it, and the interceptor that shares it.
+
+Tracing, metrics and usage records are not the request path's business, but each
+needs to know what the path found out: who the tenant is (only the edge's proxy
+knows, after authentication), which model, where it ran, how many tokens. The
+proxy writes that into the call's ``CallRecord``; ``CallInterceptor`` creates the
+record before the handler runs and hands it to each ``CallObserver`` as the call
+starts and once it has ended, with the final status.
+
+The record travels in a ``ContextVar``: grpc.aio runs each call in a task of its
+own, so the variable is per call, and tasks the handler starts (a stream's client
+reader) see the same record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+from common.request.routing import RouteHints
+
+INFER_METHODS = frozenset({"ModelInfer", "ModelStreamInfer"})
+
+
+@dataclass(slots=True)
+class CallRecord:
+    """What one inference call did, filled in as the request path learns it."""
+
+    method: str
+    metadata: Iterable[tuple[str, Any]]
+    started: float
+    # The caller's hints once read and authenticated (None: the call failed before).
+    hints: RouteHints | None = None
+    model: str = ""
+    route: str = ""
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # The tier's server span (the tracing observer's); decisions and attempts nest under it.
+    span: Span = trace.INVALID_SPAN
+    code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
+    detail: str = ""
+
+    @property
+    def tenant(self) -> str:
+        return self.hints.tenant if self.hints is not None else ""
+
+    @property
+    def trace_id(self) -> str:
+        """The call's W3C trace id: its server span's, else the caller's ``traceparent``'s."""
+        ctx = self.span.get_span_context()
+        if ctx.is_valid:
+            return format(ctx.trace_id, "032x")
+        for key, value in self.hints.passed_down if self.hints is not None else ():
+            if key == "traceparent":
+                parts = value.split("-")
+                return parts[1] if len(parts) >= 2 else ""
+        return ""
+
+    @property
+    def elapsed_s(self) -> float:
+        return time.monotonic() - self.started
+
+
+CURRENT_CALL: ContextVar[CallRecord | None] = ContextVar("meridian_call", default=None)
+
+
+def current_call(method: str, metadata: Iterable[tuple[str, Any]] | None) -> CallRecord:
+    """The record ``CallInterceptor`` made for this call, or a fresh one when the
+    proxy serves without it (then nobody observes the call)."""
+    return CURRENT_CALL.get() or CallRecord(method, metadata or (), time.monotonic())
+
+
+class CallObserver(Protocol):
+    """A cross-cutting concern: sees each inference call start and end."""
+
+    def call_started(self, call: CallRecord) -> None: ...
+
+    def call_ended(self, call: CallRecord) -> None: ...
+
+
+def final_status(context: Any, exc: BaseException | None) -> tuple[grpc.StatusCode, str]:
+    """The status a handler ended with: what ``context`` says, else OK / CANCELLED / UNKNOWN."""
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code, context.details() or ""
+    if isinstance(code, int):
+        for member in grpc.StatusCode:
+            if member.value[0] == code:
+                return member, context.details() or ""
+    if exc is None:
+        return grpc.StatusCode.OK, ""
+    if isinstance(exc, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED, ""
+    return grpc.StatusCode.UNKNOWN, str(exc)
+
+
+class CallInterceptor(grpc.aio.ServerInterceptor):
+    """Wraps ModelInfer and ModelStreamInfer in one ``CallRecord`` shared by ``observers``:
+    started in their order, ended in reverse (the first to start is the last to end, so
+    the tracing observer, first, still has its span while the others end). Other methods
+    pass untouched."""
+
+    def __init__(self, observers: Sequence[CallObserver]) -> None:
+        self.observers = tuple(observers)
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method.rpartition("/")[2]
+        if handler is None or method not in INFER_METHODS or not self.observers:
+            return handler
+        metadata = handler_call_details.invocation_metadata or ()
+        if handler.unary_unary is not None:
+            unary = handler.unary_unary
+
+            async def observed_unary(request: Any, context: Any) -> Any:
+                return await self._observe(method, metadata, context, unary(request, context))
+
+            return grpc.unary_unary_rpc_method_handler(
+                observed_unary,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        if handler.stream_stream is not None:
+            stream = handler.stream_stream
+
+            async def observed_stream(requests: AsyncIterator[Any], context: Any) -> Any:
+                return await self._observe(method, metadata, context, stream(requests, context))
+
+            return grpc.stream_stream_rpc_method_handler(
+                observed_stream,
+                request_deserializer=handler.request_deserializer,
+                response_serializer=handler.response_serializer,
+            )
+        return handler
+
+    async def _observe(
+        self,
+        method: str,
+        metadata: Iterable[tuple[str, Any]],
+        context: Any,
+        handling: Awaitable[Any],
+    ) -> Any:
+        call = CallRecord(method, metadata, time.monotonic())
+        token = CURRENT_CALL.set(call)
+        for observer in self.observers:
+            observer.call_started(call)
+        failure: BaseException | None = None
+        try:
+            return await handling
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            CURRENT_CALL.reset(token)
+            call.code, call.detail = final_status(context, failure)
+            for observer in reversed(self.observers):
+                observer.call_ended(call)

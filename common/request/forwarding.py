@@ -1,0 +1,361 @@
+"""The forwarding loop, written once for unary and streaming calls.
+
+``Forwarder.forward`` reserves a child through the tier's balancer, sends the
+attempt with the caller's remaining deadline (Python gRPC does not propagate
+deadlines by itself), and on a failure that another child may not share (the
+tier's ``failover_codes``) tries the next one: after a fully jittered exponential
+back-off, inside a retry budget (Envoy's: 20 % of active requests, at least 3),
+at most ``max_attempts`` times. Failing over away from a child found down does
+not count against the budget. A unary call and a stream differ only in when the
+first response byte counts as sent (``Attempt.committed``): from then on, a
+failure ends the call with the child's status.
+
+On success the child's trailers go up with this tier's name prefixed to
+``x-meridian-route`` and this tier's own capacity hint in place of the child's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Generic, Protocol, TypeVar
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.trace import Span
+
+from common.basics.errors import RETRY_AFTER_MS, RouteError
+from common.capacity.summary import CAPACITY_HINT
+from common.request.balancer import Balancer, Lease, Outcome
+from common.request.children import Child
+from common.request.pick import PickRequest
+from common.request.resilience import RetryBudget, backoff_delay_s
+from common.request.routing import ROUTE, RouteHints, trailer
+
+T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)
+Metadata = list[tuple[str, str]]
+# CANCELLED from a child (not from our caller, whose cancellation ends this handler
+# instead) means the child is shutting down: as safe to re-send as UNAVAILABLE.
+UPPER_TIER_FAILOVER = frozenset(
+    {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.CANCELLED}
+)
+
+
+class Failover(Exception):
+    """An attempt failed in a way another child may not: try the next one."""
+
+    def __init__(
+        self,
+        child: str,
+        code: grpc.StatusCode,
+        detail: str,
+        trailers: Any,
+        *,
+        child_down: bool = False,
+    ) -> None:
+        super().__init__(f"{child}: {code.name}: {detail}")
+        self.code = code
+        self.retry_after_ms = _retry_after(trailers)
+        # The child itself is gone: moving away from it cannot amplify load on it.
+        self.child_down = child_down
+
+
+@dataclass
+class Attempts:
+    """The children tried for one request and why each failed."""
+
+    tried: list[str] = field(default_factory=list)
+    failures: list[Failover] = field(default_factory=list)
+    # A retry counted against the budget until its attempt ends.
+    holding_retry: bool = False
+
+    def error(self, kind: str, model: str) -> RouteError:
+        """The status to return once no attempt is left: RESOURCE_EXHAUSTED (with the
+        soonest retry-after) when every child shed load, else UNAVAILABLE."""
+        reasons = "; ".join(str(f) for f in self.failures) or "no attempt was possible"
+        if self.failures and all(
+            f.code == grpc.StatusCode.RESOURCE_EXHAUSTED for f in self.failures
+        ):
+            wait = min((f.retry_after_ms for f in self.failures if f.retry_after_ms), default=1000)
+            return RouteError.exhausted(f"every {kind} is at capacity: {reasons}", wait)
+        return RouteError.unavailable(f"every {kind} tried for model {model!r} failed: {reasons}")
+
+
+def _retry_after(trailers: Any) -> int | None:
+    value = trailer(trailers, RETRY_AFTER_MS)
+    return int(value) if value is not None and value.isdigit() else None
+
+
+def passable(trailers: Any) -> tuple[tuple[str, str], ...]:
+    """Trailers of a child's error worth passing up (e.g. retry-after-ms)."""
+    return tuple(
+        (k, v)
+        for k, v in trailers or ()
+        if isinstance(v, str) and not k.startswith("grpc-") and k != CAPACITY_HINT
+    )
+
+
+def with_route(trailers: Any, route: str, hint: str | None = None) -> tuple[tuple[str, str], ...]:
+    """The child's trailers as this tier passes them up: its route prefixed, and its own
+    capacity hint in place of the child's."""
+    kept = tuple(
+        (k, v)
+        for k, v in trailers or ()
+        if k not in (ROUTE, CAPACITY_HINT) and isinstance(v, str) and not k.startswith("grpc-")
+    )
+    own = ((CAPACITY_HINT, hint),) if hint else ()
+    return (*kept, (ROUTE, route), *own)
+
+
+class Attempt(Protocol[T_co]):
+    """One call sent to one child: what ``Forwarder.forward`` retries."""
+
+    method: str
+
+    @property
+    def committed(self) -> bool:
+        """A response byte went back to the caller: the call can no longer fail over."""
+        ...
+
+    async def send(
+        self, child: Child, metadata: Metadata, timeout: float | None
+    ) -> tuple[T_co, Any]:
+        """The child's answer and its trailers; raises ``grpc.aio.AioRpcError``."""
+        ...
+
+
+@dataclass
+class UnaryAttempt(Generic[T]):
+    """A unary call: nothing reaches the caller before the child has answered."""
+
+    method: str
+    request: Any
+    committed: bool = False
+
+    async def send(
+        self, child: Child, metadata: Metadata, timeout: float | None
+    ) -> tuple[T, Any]:
+        assert child.stub is not None
+        call = getattr(child.stub, self.method)(self.request, metadata=metadata, timeout=timeout)
+        response = await call
+        return response, await call.trailing_metadata()
+
+
+class AttemptTracing(Protocol):
+    """The spans of decisions and attempts (``common.observability.tracing.TierTracing``)."""
+
+    def decision_started(self, parent: Span) -> int: ...
+
+    def record_decision(
+        self,
+        parent: Span,
+        started: int,
+        lease: Lease | None = None,
+        code: grpc.StatusCode = grpc.StatusCode.OK,
+    ) -> None: ...
+
+    def begin_attempt(self, method: str, lease: Lease, attempt: int, parent: Span) -> None: ...
+
+    def end_attempt(self, lease: Lease, code: grpc.StatusCode, detail: str, elapsed: float) -> None:
+        ...
+
+    def child_metadata(self, metadata: Metadata, lease: Lease, parent: Span) -> Metadata: ...
+
+
+class NoTracing:
+    """Tracing off: every step is one call that does nothing."""
+
+    def decision_started(self, parent: Span) -> int:
+        return 0
+
+    def record_decision(
+        self,
+        parent: Span,
+        started: int,
+        lease: Lease | None = None,
+        code: grpc.StatusCode = grpc.StatusCode.OK,
+    ) -> None:
+        return None
+
+    def begin_attempt(self, method: str, lease: Lease, attempt: int, parent: Span) -> None:
+        return None
+
+    def end_attempt(self, lease: Lease, code: grpc.StatusCode, detail: str, elapsed: float) -> None:
+        return None
+
+    def child_metadata(self, metadata: Metadata, lease: Lease, parent: Span) -> Metadata:
+        return metadata
+
+
+@dataclass(frozen=True)
+class ForwardingPolicy:
+    """Which child statuses fail over, how often, and how this tier names its route."""
+
+    kind: str  # what a child is called in messages: "region", "zone", "GPU"
+    # Prepended to the child's x-meridian-route ("us-east" + "/" + "us-east-1a/gpu-2").
+    route_prefix: str | None = None
+    failover_codes: frozenset[grpc.StatusCode] = UPPER_TIER_FAILOVER
+    max_attempts: int = 3
+
+
+class Forwarder:
+    """One tier's forwarding loop over its balancer (see the module docstring)."""
+
+    def __init__(
+        self,
+        policy: ForwardingPolicy,
+        balancer: Balancer,
+        *,
+        budget: RetryBudget | None = None,
+        tracing: AttemptTracing | None = None,
+        hint_source: Callable[[str], str | None] = lambda model: None,
+        rng: random.Random | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.policy = policy
+        self.balancer = balancer
+        self.budget = budget or RetryBudget()
+        self.tracing: AttemptTracing = tracing or NoTracing()
+        # This tier's newest capacity for a model in trailer form (capacity.summary.encode_hint).
+        self.hint = hint_source
+        self.rng = rng or random.Random()
+        self.clock = clock
+
+    async def forward(
+        self,
+        attempt: Attempt[T],
+        pick: PickRequest,
+        hints: RouteHints,
+        context: grpc.aio.ServicerContext,
+        parent: Span = trace.INVALID_SPAN,
+    ) -> tuple[T, str]:
+        """The child's answer and the route it took; RouteError when no attempt succeeds."""
+        attempts = Attempts()
+        self.budget.request_started()
+        try:
+            while True:
+                try:
+                    lease = await self._next_lease(pick, attempts, context, parent)
+                    n = hints.attempt + len(attempts.tried) - 1
+                    self.tracing.begin_attempt(attempt.method, lease, n, parent)
+                    timeout = self._lease_timeout(lease, context)
+                    metadata = self.tracing.child_metadata(
+                        hints.downstream_metadata(pick.origin, n, pick.prefix_blocks), lease, parent
+                    )
+                    answer = await self._send(attempt, lease, metadata, timeout, attempts)
+                    if answer is None:
+                        continue
+                    result, trailers = answer
+                    route = self.route_of(lease.child, trailers)
+                    context.set_trailing_metadata(
+                        with_route(trailers, route, self.hint(pick.model))
+                    )
+                    return result, route
+                finally:
+                    self._end_attempt(attempts)
+        finally:
+            self.budget.request_finished()
+
+    async def _send(
+        self,
+        attempt: Attempt[T],
+        lease: Lease,
+        metadata: Metadata,
+        timeout: float | None,
+        attempts: Attempts,
+    ) -> tuple[T, Any] | None:
+        """One attempt, settled whatever happens; None: failed over, try the next child."""
+        try:
+            result, trailers = await attempt.send(lease.child, metadata, timeout)
+        except grpc.aio.AioRpcError as exc:
+            attempts.failures.append(self._failed(lease, exc, committed=attempt.committed))
+            return None
+        except asyncio.CancelledError:
+            self.settle(lease, grpc.StatusCode.CANCELLED, ())
+            raise
+        except Exception as exc:  # never leak a lease, whatever went wrong
+            self.settle(lease, grpc.StatusCode.INTERNAL, (), repr(exc))
+            raise RouteError(grpc.StatusCode.INTERNAL, f"forwarding failed: {exc!r}") from None
+        self.settle(lease, grpc.StatusCode.OK, trailers)
+        return result, trailers
+
+    def route_of(self, child: Child, child_trailers: Any) -> str:
+        below = trailer(child_trailers, ROUTE) or child.name
+        prefix = self.policy.route_prefix
+        return f"{prefix}/{below}" if prefix else below
+
+    async def _next_lease(
+        self, pick: PickRequest, attempts: Attempts, context: grpc.aio.ServicerContext, parent: Span
+    ) -> Lease:
+        """Reserve the child for the next attempt: after a back-off, inside the budget."""
+        n = len(attempts.tried)
+        kind = self.policy.kind
+        if n:
+            if n >= self.policy.max_attempts:
+                raise attempts.error(kind, pick.model)
+            # Failing over away from a dead child is not a retry storm: only retries
+            # that go back to live children count against the budget.
+            if not attempts.failures[-1].child_down:
+                if not self.budget.try_start_retry():
+                    raise attempts.error(kind, pick.model)
+                attempts.holding_retry = True
+            await asyncio.sleep(backoff_delay_s(n, self.rng))
+        started = self.tracing.decision_started(parent)
+        try:
+            lease = await self.balancer.acquire(pick, attempts.tried, remaining(context))
+        except RouteError as err:
+            self.tracing.record_decision(parent, started, code=err.code)
+            if n and err.code == grpc.StatusCode.UNAVAILABLE:
+                raise attempts.error(kind, pick.model) from None
+            raise
+        except asyncio.CancelledError:
+            self.tracing.record_decision(parent, started, code=grpc.StatusCode.CANCELLED)
+            raise
+        self.tracing.record_decision(parent, started, lease)
+        attempts.tried.append(lease.child.name)
+        return lease
+
+    def _lease_timeout(self, lease: Lease, context: grpc.aio.ServicerContext) -> float | None:
+        """The time left once a lease is held (the wait for it may have spent it all)."""
+        try:
+            return remaining(context)
+        except RouteError:
+            self.settle(lease, grpc.StatusCode.DEADLINE_EXCEEDED, ())
+            raise
+
+    def _end_attempt(self, attempts: Attempts) -> None:
+        if attempts.holding_retry:
+            attempts.holding_retry = False
+            self.budget.retry_finished()
+
+    def settle(self, lease: Lease, code: grpc.StatusCode, trailers: Any, detail: str = "") -> None:
+        tokens = lease.max_tokens if code == grpc.StatusCode.OK else 0
+        elapsed = self.clock() - lease.started_at
+        self.tracing.end_attempt(lease, code, detail, elapsed)
+        self.balancer.release(lease, Outcome(code, elapsed, tokens, trailers, detail))
+
+    def _failed(self, lease: Lease, exc: grpc.aio.AioRpcError, *, committed: bool) -> Failover:
+        """Settle a failed attempt; the Failover to record, or the RouteError to return."""
+        trailers = exc.trailing_metadata()
+        code, detail = exc.code(), exc.details() or ""
+        self.settle(lease, code, trailers, detail)
+        if code in self.policy.failover_codes and not committed:
+            return Failover(
+                lease.child.name, code, detail, trailers, child_down=not lease.child.healthy
+            )
+        raise RouteError(code, detail, passable(trailers)) from None
+
+
+def remaining(context: grpc.aio.ServicerContext) -> float | None:
+    """The caller's remaining deadline in seconds (None: no deadline)."""
+    left = context.time_remaining()
+    if left is None:
+        return None
+    if left <= 0:
+        raise RouteError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline spent before forwarding")
+    return float(left)
+

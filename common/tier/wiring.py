@@ -1,0 +1,49 @@
+"""What the three tiers wire alike, built from the topology in one place."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from common.capacity.streams import CapacityPublisher, CapacityReader
+from common.config.tls import tier_channel_credentials
+from common.config.topology import Topology
+from common.gen.meridian.v1 import capacity_pb2
+from common.request.children import Child, ChildSet
+
+
+def tier_children(
+    topology: Topology, children: Iterable[Child], kind: str, *, probe: bool = True
+) -> ChildSet:
+    """A tier's children with the topology's health interval and summary TTL; tier
+    children (``probe``) are dialled with the topology's TLS, GPU workers in plaintext
+    and health-checked by the local tier's own monitor."""
+    return ChildSet(
+        tuple(children),
+        probe_interval_s=topology.health_interval_s,
+        summary_ttl_s=topology.summary_ttl_s,
+        kind=kind,
+        credentials=tier_channel_credentials(topology.tls) if probe else None,
+        probe=probe,
+    )
+
+
+def summary_reader(
+    topology: Topology, streams: Mapping[str, str], children: ChildSet
+) -> CapacityReader:
+    """Follows the children's summary streams (stream name -> child name)."""
+    return CapacityReader(topology.redis_url, streams, children.take_summary)
+
+
+def summary_publisher(
+    topology: Topology,
+    stream: str,
+    build: Callable[[int], capacity_pb2.CapacitySummary],
+) -> CapacityPublisher:
+    """Publishes this tier's summary on the topology's cadence, bounded as it says."""
+    return CapacityPublisher(
+        topology.redis_url,
+        stream,
+        build,
+        cadence_s=topology.summary_cadence_s,
+        maxlen=topology.summary_stream_maxlen,
+    )

@@ -1,0 +1,183 @@
+"""The one forwarding loop, unary and streaming, through real gRPC on loopback.
+
+A proxy over two child V2 servers whose behaviour each test sets: failover
+before the first response byte, none after it, and none for codes the tier does
+not fail over on; the route trailer names the child that answered; every lease
+is given back whatever happened.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+
+from common.config.node import Endpoint
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.request.balancer import RankingBalancer
+from common.request.children import Child, ChildSet
+from common.request.forwarding import Forwarder, ForwardingPolicy
+from common.request.pick import PickRequest
+from common.request.proxy import InferenceProxy, TierSpec
+from common.request.routing import ROUTE
+from common.request.server import V2Server
+from common.request.v2 import generate_request, response_text, text_response
+
+MODEL = "demo-llm"
+
+
+@dataclass
+class ChildServer(pb_grpc.GRPCInferenceServiceServicer):
+    """A child V2 server: answers, or fails with ``code`` after ``before_failing`` responses."""
+
+    name: str
+    code: grpc.StatusCode | None = None
+    before_failing: int = 0
+    seen: list[str] = field(default_factory=list)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
+        self.seen.append(request.id)
+        if self.code is not None:
+            await context.abort(self.code, f"{self.name} refuses")
+        return text_response(request, self.name)
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
+        if self.code is not None and not self.before_failing:
+            # Fail only once the caller is done writing: grpc core may report an abort
+            # that races with the caller's writes as INTERNAL instead of this code.
+            self.seen.extend([r.id async for r in requests])
+            await context.abort(self.code, f"{self.name} refuses")
+        async for request in requests:
+            self.seen.append(request.id)
+            if self.code is not None and len(self.seen) > self.before_failing:
+                await context.abort(self.code, f"{self.name} refuses")
+            await context.write(
+                pb.ModelStreamInferResponse(
+                    infer_response=text_response(request, self.name, final=True)
+                )
+            )
+
+
+class InOrder:
+    """Ranks the children by name: the tests decide who is tried first."""
+
+    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
+        return sorted(children, key=lambda c: c.name)
+
+
+@dataclass
+class Rig:
+    stub: pb_grpc.GRPCInferenceServiceStub
+    first: ChildServer
+    second: ChildServer
+    children: ChildSet
+
+
+@pytest.fixture
+async def rig() -> AsyncIterator[Rig]:
+    first, second = ChildServer("a"), ChildServer("b")
+    servers = [V2Server(s, Endpoint("127.0.0.1", 0)) for s in (first, second)]
+    for server in servers:
+        await server.start()
+    children = ChildSet(
+        [
+            Child(s.name, Endpoint("127.0.0.1", server.port), frozenset({MODEL}))
+            for s, server in zip((first, second), servers, strict=True)
+        ],
+        probe_interval_s=1,
+        summary_ttl_s=1,
+        probe=False,
+    )
+    balancer = RankingBalancer(InOrder(), children)
+    spec = TierSpec(tier="regional", trust_internal=True, resolve_origin=lambda hints: None)
+    forwarder = Forwarder(ForwardingPolicy(kind="zone", route_prefix="r"), balancer)
+    proxy = InferenceProxy(spec, children, balancer, forwarder)
+    front = V2Server(proxy, Endpoint("127.0.0.1", 0))
+    await children.start()
+    await front.start()
+    channel = grpc.aio.insecure_channel(front.address)
+    try:
+        yield Rig(pb_grpc.GRPCInferenceServiceStub(channel), first, second, children)
+    finally:
+        await channel.close()
+        await front.stop(0)
+        await children.stop()
+        for server in servers:
+            await server.stop(0)
+    # Every lease went back, whatever the test did.
+    assert [c.outstanding_requests for c in children] == [0, 0]
+
+
+async def test_unary_answer_carries_the_route_of_the_child_that_answered(rig: Rig) -> None:
+    call = rig.stub.ModelInfer(generate_request(MODEL, "hi", request_id="1"), timeout=5)
+    response = await call
+    assert response_text(response) == "a"
+    assert dict(await call.trailing_metadata())[ROUTE] == "r/a"
+
+
+async def test_unary_fails_over_on_unavailable_to_the_next_child(rig: Rig) -> None:
+    rig.first.code = grpc.StatusCode.UNAVAILABLE
+    call = rig.stub.ModelInfer(generate_request(MODEL, "hi", request_id="1"), timeout=5)
+    assert response_text(await call) == "b"
+    assert dict(await call.trailing_metadata())[ROUTE] == "r/b"
+    assert rig.first.seen == ["1"] and rig.second.seen == ["1"]
+
+
+async def test_unary_does_not_fail_over_on_invalid_argument(rig: Rig) -> None:
+    rig.first.code = grpc.StatusCode.INVALID_ARGUMENT
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await rig.stub.ModelInfer(generate_request(MODEL, "hi", request_id="1"), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "a refuses" in (caught.value.details() or "")
+    assert rig.second.seen == []
+
+
+async def test_unary_with_every_child_down_is_unavailable_naming_each(rig: Rig) -> None:
+    rig.first.code = rig.second.code = grpc.StatusCode.UNAVAILABLE
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await rig.stub.ModelInfer(generate_request(MODEL, "hi", request_id="1"), timeout=5)
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    details = caught.value.details() or ""
+    assert "a: UNAVAILABLE" in details and "b: UNAVAILABLE" in details
+
+
+async def stream(rig: Rig, ids: Sequence[str]) -> tuple[list[str], Any]:
+    call = rig.stub.ModelStreamInfer(timeout=5)
+    for i in ids:
+        await call.write(generate_request(MODEL, "hi", request_id=i, stream=True))
+    await call.done_writing()
+    texts = []
+    async for response in call:
+        texts.append(response.error_message or response_text(response.infer_response))
+    return texts, await call.trailing_metadata()
+
+
+async def test_stream_fails_over_before_the_first_byte_replaying_what_was_sent(rig: Rig) -> None:
+    rig.first.code = grpc.StatusCode.UNAVAILABLE
+    texts, trailers = await stream(rig, ["1", "2"])
+    assert texts == ["b", "b"]
+    assert dict(trailers)[ROUTE] == "r/b"
+    assert rig.second.seen == ["1", "2"]  # the first request was replayed on b
+
+
+async def test_stream_does_not_fail_over_once_a_response_went_back(rig: Rig) -> None:
+    rig.first.code, rig.first.before_failing = grpc.StatusCode.UNAVAILABLE, 1
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stream(rig, ["1", "2"])
+    assert caught.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert rig.second.seen == []
+
+
+async def test_stream_invalid_request_gets_an_error_message_and_goes_on(rig: Rig) -> None:
+    call = rig.stub.ModelStreamInfer(timeout=5)
+    await call.write(pb.ModelInferRequest(model_name=MODEL, id="bad"))  # no text_input
+    await call.write(generate_request(MODEL, "hi", request_id="1", stream=True))
+    await call.done_writing()
+    responses = [r async for r in call]
+    assert responses[0].error_message.startswith("INVALID_ARGUMENT")
+    assert response_text(responses[1].infer_response) == "a"
+    assert rig.first.seen == ["1"]
