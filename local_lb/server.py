@@ -28,6 +28,7 @@ from local_lb.balancer import LocalBalancer
 from local_lb.cost import drain_rps
 from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.policies import make_picker
+from local_lb.publication import LateBoundCallback
 from local_lb.queue import CentralQueue
 from local_lb.state import GpuChild, LocalView
 
@@ -142,15 +143,19 @@ def build_local_tier(
     view = LocalView(gpus, report_max_age_s=4 * topology.health_interval_s)
     rng = random.Random()
     try:
-        picker = make_picker(policy, view, rng)
+        make_picker(policy, view, rng)  # an unknown policy fails at start, naming the known
     except ValueError as exc:
         raise ConfigError(f"--policy: {exc}") from None
+    # The publisher reads the balancer's queue; the balancer pokes the publisher.
+    poke_publisher = LateBoundCallback()
     balancer = LocalBalancer(
         view=view,
-        picker=picker,
+        picker_factory=lambda v: make_picker(policy, v, rng),
         children=children,
         slow_start_config=SlowStartConfig(window_s=topology.slow_start_window_s),
         tenant_headroom=topology.tenant_headroom,
+        tenant_weights={t.id: t.weight for t in topology.auth.tenants},
+        on_significant_change=poke_publisher,
         rng=rng,
     )
 
@@ -178,9 +183,7 @@ def build_local_tier(
         maxlen=topology.summary_stream_maxlen,
     )
 
-    balancer.on_significant_change = publisher.poke
-    for tenant in topology.auth.tenants:
-        balancer.queue.set_weight(tenant.id, tenant.weight)
+    poke_publisher.connect(publisher.poke)
 
     def origin(hints: RouteHints) -> None:
         return None  # the local tier's choice does not depend on geography
@@ -193,7 +196,7 @@ def build_local_tier(
         # A GPU that sheds load is reported up, so the regional tier can try another zone.
         failover_codes=frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}),
     )
-    ejections = EjectionCounter(balancer.outlier.ejected_keys)
+    ejections = EjectionCounter(balancer.ejected_gpus)
     hooks = LocalAdmin(
         region=region,
         zone=zone,
@@ -201,8 +204,6 @@ def build_local_tier(
         view=view,
         balancer=balancer,
         monitor=monitor,
-        policy=policy,
-        rng=rng,
         make_gpu=gpu_child,
     )
     tier = TierServer(
@@ -227,8 +228,8 @@ def build_local_tier(
         telemetry=setup_tracing("meridian-local"),
         admin=local_admin(hooks, topology, reload_from),
     )
-    add_local_metrics(tier.metrics, balancer.queue.depth_by_priority, ejections)
+    add_local_metrics(tier.metrics, balancer.queue_depths, ejections)
     if tier.ops_server is not None:
         tier.ops_server.child_details = lambda gpu: gpu_details(view, gpu)
-        tier.ops_server.extra_state = lambda: {"queue": balancer.queue.depth_by_priority()}
+        tier.ops_server.extra_state = lambda: {"queue": balancer.queue_depths()}
     return tier

@@ -56,7 +56,7 @@ def make(
     )
     return LocalBalancer(
         view=view,
-        picker=CompletionTimePicker(view, rng=random.Random(1)),
+        picker_factory=lambda v: CompletionTimePicker(v, rng=random.Random(1)),
         children=children,
         slow_start_config=SlowStartConfig(window_s=30.0),
         tenant_headroom=tenant_headroom,
@@ -254,7 +254,9 @@ async def test_slots_on_an_unusable_gpu_do_not_count_as_taken_headroom() -> None
     for lease in held:
         if lease.child.name == "g0":
             bal.release(lease, ok())
-    bal._ejection_changed("g1", True)
+    for _ in range(5):  # consecutive failures: the outlier detector ejects g1
+        bal.resilience.record_failure("g1")
+    assert bal.view.by_name["g1"].ejected
     assert bal.free_usable_slots == 2
     bal.tenants.arrived("flood", 5000.0)  # far over its share
     bal.tenants.arrived("steady", 30.0)  # a light tenant is active

@@ -10,8 +10,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from common.basics.vocabulary import PRIORITY_NAMES
 from local_lb.queue import (
-    PRIORITIES,
     CentralQueue,
     QueuedRequest,
     QueueFull,
@@ -75,7 +75,7 @@ async def waiter(ticket: QueuedRequest) -> str:
 
 async def test_strict_priority_serves_critical_then_standard_then_sheddable() -> None:
     queue, _ = make_queue()
-    tickets = [put(queue, f"t{i}", priority=p) for i in range(3) for p in reversed(PRIORITIES)]
+    tickets = [put(queue, f"t{i}", priority=p) for i in range(3) for p in reversed(PRIORITY_NAMES)]
     order = serve(queue, tickets, 9)
     assert [t.priority for t in order] == ["critical"] * 3 + ["standard"] * 3 + ["sheddable"] * 3
     assert not queue.offer("g", M)
@@ -318,7 +318,7 @@ _OPS = st.lists(
             st.just("enqueue"),
             st.sampled_from(["a", "b", "c"]),
             st.sampled_from(["m1", "m2"]),
-            st.sampled_from(PRIORITIES),
+            st.sampled_from(PRIORITY_NAMES),
             st.integers(1, 50),
         ),
         st.tuples(
@@ -362,7 +362,7 @@ async def _run_ops(ops: list[tuple[object, ...]]) -> None:
                     handed += 1
                     chosen = tickets[granted[0]]
                     assert not tasks[granted[0]].done() and chosen.model in models
-                    rank = PRIORITIES.index
+                    rank = PRIORITY_NAMES.index
                     still_waiting = [tickets[i] for i in pending if not tickets[i].future.done()]
                     assert all(
                         rank(t.priority) >= rank(chosen.priority)
