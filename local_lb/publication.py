@@ -26,7 +26,7 @@ class LateBoundCallback:
     mistake cannot silently redirect it. Caches nothing.
     """
 
-    _target: Callable[[], None] = field(default=_nothing, init=False)
+    _target: Callable[[], None] = field(default_factory=lambda: _nothing, init=False)
     _connected: bool = field(default=False, init=False)
 
     def connect(self, target: Callable[[], None]) -> None:
