@@ -16,7 +16,6 @@ the new endpoint); an address change is not applied (``common.operations.reload`
 from __future__ import annotations
 
 import dataclasses
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,7 +28,6 @@ from common.operations.reload import reload_children
 from common.request.children import Child, ChildSet
 from local_lb.balancer import LocalBalancer
 from local_lb.load import BackendMonitor, MonitoredGpu
-from local_lb.policies import make_picker
 from local_lb.state import GpuChild, LocalView
 
 
@@ -43,8 +41,6 @@ class LocalAdmin:
     view: LocalView
     balancer: LocalBalancer
     monitor: BackendMonitor
-    policy: str
-    rng: random.Random
     make_gpu: Callable[[GpuConfig], GpuChild]
 
     def describe(self, child: Child) -> apb.Node:
@@ -107,7 +103,7 @@ class LocalAdmin:
                     changed = True
                     report.changed.append(f"{gpu.name}: {', '.join(changes)}")
         if changed:  # a no-op reload leaves pools and picker alone
-            self._reindex(self._gpus(), new_set=bool(report.added))
+            self.balancer.set_gpus(self._gpus())
         return report
 
     async def _take_settings(self, gpu: GpuChild, cfg: GpuConfig) -> list[str]:
@@ -140,22 +136,8 @@ class LocalAdmin:
         callback follows), then forget it everywhere at once, so no timer (an
         ejection running out) and no later lookup names a GPU the view lost."""
         await self.monitor.remove(child.name)
-        self.balancer.outlier.forget(child.name)
-        self.balancer.breaker.forget(child.name)
-        self.balancer.slow_start.forget(child.name)
-        self.view.load.forget(child.name)
-        self.view.prefix.forget(child.name)
-        self._reindex([g for g in self._gpus() if g is not child], new_set=True)
-
-    def _reindex(self, gpus: list[GpuChild], *, new_set: bool) -> None:
-        """Re-derive what depends on the GPUs: pools, slot totals, the ejection cap,
-        and (``new_set``: GPUs came or went) the picker, whose session ring is
-        built over the set."""
-        self.view.set_gpus(gpus)
-        self.balancer.outlier.set_total(len(gpus))
-        if new_set:
-            self.balancer.picker = make_picker(self.policy, self.view, self.rng)
-        self.balancer.refresh_all()
+        self.balancer.forget(child.name)
+        self.balancer.set_gpus([g for g in self._gpus() if g is not child])
 
 
 def local_admin(

@@ -13,40 +13,33 @@ per second under its batch), its latency (for ``least_response_time``), its
 load report from the response trailer, and success or failure for Envoy-style
 outlier ejection. An ejected or unhealthy GPU leaves the free pools; a
 recovered one comes back through slow start.
+
+The parts it composes, each in its own module: ``SlotLedger`` (slots),
+``QueueHandOff`` (the central queue and late binding), ``RateLearner`` (EWMAs),
+``GpuResilience`` (ejection, breaker, slow start) and ``UtilisationBands``
+(publication when utilisation crosses a band).
 """
 
 from __future__ import annotations
 
-import logging
-import math
 import random
 import time
-from collections.abc import Callable, Collection, Iterator
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import grpc
 
 from common.basics.errors import RouteError
-from common.capacity.summary import utilisation_band
+from common.basics.vocabulary import ANONYMOUS_TENANT
 from common.request.balancer import Lease, Outcome
 from common.request.children import Child, ChildSet
 from common.request.pick import Picker, PickRequest
 from common.request.prefix import BLOCK_TOKENS
-from common.request.resilience import (
-    CircuitBreaker,
-    OutlierConfig,
-    OutlierDetector,
-    SlowStart,
-    SlowStartConfig,
-)
-from local_lb.cost import (
-    drain_rps,
-    ewma,
-    expected_completion_s,
-    outstanding_work,
-    rate_sample,
-    request_work,
-)
+from common.request.resilience import CircuitBreaker, OutlierConfig, SlowStartConfig
+from local_lb.cost import drain_rps, gpu_completion_s, outstanding_work, request_work
+from local_lb.handoff import QueueHandOff
+from local_lb.learning import RateLearner
+from local_lb.publication import UtilisationBands
 from local_lb.queue import (
     CentralQueue,
     QueueFull,
@@ -54,21 +47,29 @@ from local_lb.queue import (
     QueueTimeout,
     QueueUnserved,
     queue_key,
-    split_key,
 )
+from local_lb.resilience import GpuResilience
+from local_lb.slots import SlotLedger
 from local_lb.state import GpuChild, LocalView
 from local_lb.tenancy import TenantHeadroom
 
-log = logging.getLogger(__name__)
-ANONYMOUS = "anonymous"
+
+def _nothing() -> None:
+    return None
 
 
 @dataclass
 class LocalBalancer:
-    """Slots, central queue, learning and ejection around a local picker."""
+    """Slots, central queue, learning and ejection around a local picker.
+
+    ``picker_factory`` builds the picker over ``view``, again whenever ``set_gpus``
+    changes the GPU set (a picker may build structures over the set, such as the
+    session ring). ``on_significant_change`` is called when the zone's utilisation
+    crosses a band, so its summary can go out at once.
+    """
 
     view: LocalView
-    picker: Picker
+    picker_factory: Callable[[LocalView], Picker]
     children: ChildSet
     outlier_config: OutlierConfig = field(default_factory=OutlierConfig)
     slow_start_config: SlowStartConfig = field(default_factory=SlowStartConfig)
@@ -77,33 +78,55 @@ class LocalBalancer:
     # Fraction of usable slots a heavy tenant may not take while a light one is
     # active (local_lb.tenancy).
     tenant_headroom: float = 0.0
+    # Each tenant's share of the central queue (default 1.0).
+    tenant_weights: Mapping[str, float] = field(default_factory=dict)
+    on_significant_change: Callable[[], None] = _nothing
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
 
     def __post_init__(self) -> None:
-        self.queue = CentralQueue(
-            release=self._granted_slot_abandoned, clock=self.clock, may_take=self._may_take
-        )
-        self.outlier = OutlierDetector(
+        self.slots = SlotLedger(self.view, UtilisationBands(self.on_significant_change))
+        self.rates = RateLearner()
+        self.resilience = GpuResilience(
+            self.view,
             self.outlier_config,
+            self.slow_start_config,
+            self.breaker,
+            on_ejection=self._ejection_changed,
             clock=self.clock,
-            total_children=len(self.view.gpus),
-            on_change=self._ejection_changed,
         )
-        self.slow_start = SlowStart(self.slow_start_config, clock=self.clock)
-        self._recount()
+        self.hand_off = QueueHandOff(
+            view=self.view,
+            slots=self.slots,
+            children=self.children,
+            may_take=self._may_take,
+            tenant_weights=self.tenant_weights,
+            clock=self.clock,
+        )
         self.tenants = TenantHeadroom(
             self.tenant_headroom, weight=self.queue.weight, clock=self.clock
         )
-        # Typical work tokens per request here (EWMA): with service_s, the zone's capacity.
-        self.work_ewma = 0.0
-        self._band = 0
-        # Typical time a request takes on a GPU here (EWMA of OK requests).
-        self.service_s = 0.0
-        # Called when the zone's utilisation crosses a band (its summary goes out at once).
-        self.on_significant_change: Callable[[], None] = lambda: None
-        self.children.add_listener(self.refresh_all)
+        self.picker = self.picker_factory(self.view)
         self.policy_name = type(self.picker).__name__
+        self.children.add_listener(self.refresh_all)
+
+    @property
+    def queue(self) -> CentralQueue:
+        return self.hand_off.queue
+
+    @property
+    def free_usable_slots(self) -> int:
+        return self.slots.free_usable_slots
+
+    def queue_depths(self) -> dict[str, int]:
+        """Live entries of the central queue per priority (for metrics and /api/state)."""
+        return self.queue.depth_by_priority()
+
+    def ejected_gpus(self) -> frozenset[str]:
+        return self.resilience.ejected_keys()
+
+    def expected_service_s(self, work: float) -> float:
+        return self.rates.expected_service_s(work)
 
     # ------------------------------------------------------------------ request side
 
@@ -121,14 +144,14 @@ class LocalBalancer:
             what = f"{pick.model!r} version {pick.version!r}" if pick.version else repr(pick.model)
             raise RouteError.not_found(f"no GPU in this zone serves model {what}")
         ranking = self.ranked(pick)
-        tenant = pick.tenant or ANONYMOUS
+        tenant = pick.tenant or ANONYMOUS_TENANT
         work = max(1.0, pick.work_tokens)
-        self.work_ewma = ewma(self.work_ewma, work) if self.work_ewma else work
+        self.rates.arrived(work)
         self.tenants.arrived(tenant, work)
         held_back = self.free_usable_slots > 0 and not self._may_take(tenant)
         for gpu in () if held_back else self._candidates(pick, tried, ranking):
             if self.breaker.try_acquire(gpu.name):
-                self._reserve(gpu)
+                self.slots.reserve(gpu)
                 lease = self._lease(gpu, pick, breaker=True, tried=tried)
                 lease.candidates = len(ranking)
                 if ranking and gpu is not ranking[0] and lease.reason != "failover":
@@ -186,7 +209,7 @@ class LocalBalancer:
         try:
             ticket = self.queue.enqueue(
                 model=key,
-                tenant=pick.tenant or ANONYMOUS,
+                tenant=pick.tenant or ANONYMOUS_TENANT,
                 priority=pick.priority,
                 cost_tokens=max(1.0, pick.work_tokens),
                 deadline=deadline,
@@ -203,7 +226,7 @@ class LocalBalancer:
         except (QueueFull, QueueRejected) as exc:
             retry = max(1, int(1000 * expected)) if expected else 1000
             raise RouteError.exhausted(f"local queue is full: {exc}", retry) from None
-        return self.view.by_name[name]  # the slot was reserved for us by _hand_off
+        return self.view.by_name[name]  # the slot was reserved for us by the hand-off
 
     def _lease(
         self, gpu: GpuChild, pick: PickRequest, *, breaker: bool, tried: Collection[str]
@@ -222,7 +245,7 @@ class LocalBalancer:
             gpu.slots,
         )
         gpu.outstanding_work += work
-        tenant = pick.tenant or ANONYMOUS
+        tenant = pick.tenant or ANONYMOUS_TENANT
         self.tenants.took(tenant)
         if tried:
             reason = "failover"
@@ -242,16 +265,9 @@ class LocalBalancer:
             concurrent=gpu.outstanding_requests,
             holds_breaker=breaker,
             reason=reason,
-            estimated_s=expected_completion_s(ahead, work, gpu.rate, max(gpu.share, 1e-3)),
+            estimated_s=gpu_completion_s(gpu, work, ahead),
             policy=self.policy_name,
         )
-
-    def expected_service_s(self, work: float) -> float:
-        """How long a request of ``work`` tokens typically takes on a GPU here: the
-        zone's typical service time scaled by its size (0 until one has finished)."""
-        if not self.service_s or not self.work_ewma:
-            return 0.0
-        return self.service_s * work / self.work_ewma
 
     # ------------------------------------------------------------------ completion side
 
@@ -265,131 +281,60 @@ class LocalBalancer:
         try:
             self._learn(gpu, lease, outcome)
         finally:  # whatever learning does, the slot comes back
-            self._unreserve(gpu)
-            self._hand_off(gpu)
+            self.slots.unreserve(gpu)
+            self.hand_off.offer_free_slots(gpu)
 
     def _learn(self, gpu: GpuChild, lease: Lease, outcome: Outcome) -> None:
         now = self.clock()
         self.view.load.record_trailer(gpu.name, outcome.trailers, now)
         if outcome.code == grpc.StatusCode.OK:
-            self.outlier.record_success(gpu.name)
-            sample = rate_sample(lease.work, outcome.elapsed_s, lease.concurrent)
-            if sample is not None:
-                gpu.rate = ewma(gpu.rate, sample)
-            gpu.latency_ewma_s = (
-                ewma(gpu.latency_ewma_s, outcome.elapsed_s)
-                if gpu.latency_ewma_s
-                else outcome.elapsed_s
-            )
-            self.service_s = (
-                ewma(self.service_s, outcome.elapsed_s) if self.service_s else outcome.elapsed_s
-            )
+            self.resilience.record_success(gpu.name)
+            self.rates.finished_ok(gpu, lease.work, outcome.elapsed_s, lease.concurrent)
         elif outcome.child_fault:
-            self.outlier.record_failure(gpu.name)
+            self.resilience.record_failure(gpu.name)
             if outcome.code == grpc.StatusCode.UNAVAILABLE:
                 self.children.mark_failed(gpu, f"UNAVAILABLE: {outcome.detail}")
 
-    def _granted_slot_abandoned(self, name: str) -> None:
-        """A waiter was cancelled after the queue granted it a slot: free the slot
-        and offer it again (if the GPU is still usable)."""
-        gpu = self.view.by_name.get(name)
-        if gpu is None:  # cannot happen: a GPU leaves only once nothing is in flight on it
-            return
-        self._unreserve(gpu)
-        self._hand_off(gpu)
-
-    # ------------------------------------------------------------------ slot accounting
-
-    def _reserve(self, gpu: GpuChild) -> None:
-        gpu.outstanding_requests += 1
-        self.view.inflight_total += 1
-        if gpu.usable:
-            self._usable_inflight += 1
-        self.view.refresh(gpu)
-        self._check_band()
-
-    def _unreserve(self, gpu: GpuChild) -> None:
-        gpu.outstanding_requests -= 1
-        self.view.inflight_total -= 1
-        if gpu.usable:
-            self._usable_inflight -= 1
-        self.view.refresh(gpu)
-        self._check_band()
-
-    def _check_band(self) -> None:
-        band = utilisation_band(self.view.inflight_total / max(1, self.total_slots))
-        if band != self._band:
-            self._band = band
-            self.on_significant_change()
-
-    def _hand_off(self, gpu: GpuChild) -> None:
-        """Give the GPU's free slots to queued requests, best first."""
-        if not (len(self.queue) and gpu.usable and gpu.free_slots > 0):
-            return
-        # The queue keys (model, or model@version) this GPU can serve.
-        keys = frozenset(k for k in self.queue.waiting_models() if gpu.serves(*split_key(k)))
-        while gpu.free_slots > 0 and self.queue.offer(gpu.name, keys):
-            self._reserve(gpu)
-
-    @property
-    def free_usable_slots(self) -> int:
-        """Free slots on GPUs that may take requests (down, ejected, drained ones not)."""
-        return self.usable_slots - self._usable_inflight
-
-    def _recount(self) -> None:
-        """Re-derive the slot totals; after any change of a GPU's usability or of the
-        GPU set (a reload calls ``refresh_all``)."""
-        self.total_slots = sum(g.slots for g in self.view.gpus)
-        usable = [g for g in self.view.gpus if g.usable]
-        self.usable_slots = sum(g.slots for g in usable)
-        self._usable_inflight = sum(g.outstanding_requests for g in usable)
-
     def _may_take(self, tenant: str) -> bool:
         """Reserved headroom (local_lb.tenancy): may ``tenant`` take a free slot now?"""
-        # Work tokens per second the zone finishes with every usable slot busy; unknown
-        # (nothing finished yet): infinite, so nobody counts as heavy.
-        capacity = (
-            self.usable_slots * self.work_ewma / self.service_s if self.service_s else math.inf
-        )
-        return self.tenants.may_take(tenant, self.free_usable_slots, self.usable_slots, capacity)
+        slots = self.slots
+        capacity = self.rates.capacity_work_per_s(slots.usable_slots)
+        return self.tenants.may_take(tenant, slots.free_usable_slots, slots.usable_slots, capacity)
 
     # ------------------------------------------------------------------ state changes
 
-    def _ejection_changed(self, name: str, ejected: bool) -> None:
-        gpu = self.view.by_name.get(name)
-        if gpu is None:  # removed by a reload
-            return
-        gpu.ejected = ejected
-        self._recount()
+    def _ejection_changed(self, gpu: GpuChild, ejected: bool) -> None:
+        """A GPU was ejected or came back (its slow start already begun): its slots
+        leave or rejoin the usable totals and the queue is re-bound."""
+        self.slots.recount()
         if ejected:
-            log.warning("GPU %s ejected after consecutive failures", name)
-            self._fail_unservable()
-        else:
-            self.slow_start.start(name)
-            gpu.share = self.slow_start.factor(name)
+            self.hand_off.fail_unservable()
         self.view.refresh(gpu)
-        self._hand_off(gpu)
+        self.hand_off.offer_free_slots(gpu)
 
     def refresh_all(self) -> None:
         """Re-derive every GPU's routability (health, ejection, slow start) and refill
         free slots from the queue. O(GPUs); runs on a timer and on health changes."""
-        self._recount()
+        self.slots.recount()
         for gpu in self.view.gpus:
-            if gpu.ejected:
-                self.outlier.is_ejected(gpu.name)  # un-ejects (via the callback) when time is up
-            if gpu.healthy and gpu.healthy_since > gpu.last_seen_healthy:
-                self.slow_start.start(gpu.name)  # recovered: ramp its share up again
-                gpu.last_seen_healthy = gpu.healthy_since
-            gpu.share = self.slow_start.factor(gpu.name)
+            self.resilience.refresh(gpu)
             self.view.refresh(gpu)
-            self._hand_off(gpu)
-        self._fail_unservable()
+            self.hand_off.offer_free_slots(gpu)
+        self.hand_off.fail_unservable()
 
-    def _fail_unservable(self) -> None:
-        """Queued requests for a model no usable GPU serves any more (down, ejected,
-        drained) fail now with UNAVAILABLE, so the tier above can fail them over,
-        instead of waiting out their deadline."""
-        for key in self.queue.waiting_models() if len(self.queue) else ():
-            model, version = split_key(key)
-            if not any(g.usable for g in self.view.serving(model, version)):
-                self.queue.fail_model(key, self.children.nothing_healthy(model, ()))
+    def set_gpus(self, gpus: Sequence[GpuChild]) -> None:
+        """The GPU set or a GPU's settings changed (a reload): re-index the view, the
+        ejection cap and, if GPUs came or went, the picker; then refresh everything."""
+        new_set = {id(g) for g in gpus} != {id(g) for g in self.view.gpus}
+        self.view.set_gpus(gpus)
+        self.resilience.set_total(len(gpus))
+        if new_set:
+            self.picker = self.picker_factory(self.view)
+        self.refresh_all()
+
+    def forget(self, name: str) -> None:
+        """A removed GPU finished its last request: drop it from the resilience state,
+        load reports and prefix index, so no timer and no lookup names it later."""
+        self.resilience.forget(name)
+        self.view.load.forget(name)
+        self.view.prefix.forget(name)

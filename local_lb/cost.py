@@ -59,6 +59,17 @@ def expected_completion_s(work_ahead: float, work: float, rate: float, share: fl
     return (work_ahead + work) / (rate * share)
 
 
+def gpu_completion_s(gpu: GpuChild, work: float, work_ahead: float) -> float:
+    """When a request of ``work`` would finish on ``gpu`` behind ``work_ahead``: the one
+    cost the default picker ranks by and a lease reports as its ``estimated_s``.
+
+    The operator's weight (Admin ``SetWeight``) scales the learned rate: weight 2
+    looks twice as fast. The slow-start share is floored at 1e-3 so a GPU whose
+    share is (near) zero costs a lot rather than dividing by zero.
+    """
+    return expected_completion_s(work_ahead, work, gpu.rate * gpu.weight, max(gpu.share, 1e-3))
+
+
 def drain_rps(gpus: Iterable[GpuChild]) -> float:
     """Requests per second the usable ones among ``gpus`` finish: slots over latency
     (1 s until a latency has been learned)."""

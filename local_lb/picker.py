@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from common.request.children import Child
 from common.request.pick import PickRequest
 from common.request.prefix import BLOCK_TOKENS
-from local_lb.cost import expected_completion_s, outstanding_work, request_work
+from local_lb.cost import gpu_completion_s, outstanding_work, request_work
 from local_lb.session import DEFAULT_EPSILON, BoundedLoadRing
 from local_lb.state import FreePool, GpuChild, LocalView
 
@@ -66,8 +66,7 @@ class CompletionTimePicker:
             self.view.reported_requests(gpu, now),
             gpu.slots,
         )
-        # The operator's weight scales the learned rate: weight 2 = looks twice as fast.
-        return expected_completion_s(ahead, work, gpu.rate * gpu.weight, gpu.share)
+        return gpu_completion_s(gpu, work, ahead)
 
     def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
         pool = children if isinstance(children, FreePool) else FreePool.of(children)

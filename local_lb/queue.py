@@ -19,132 +19,53 @@ import heapq
 import itertools
 import math
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from functools import partial
 
-PRIORITIES: tuple[str, ...] = ("critical", "standard", "sheddable")
-_RANK = {name: rank for rank, name in enumerate(PRIORITIES)}
+from common.basics.vocabulary import PRIORITY_NAMES, Priority
+from local_lb.queue_entries import (
+    Lane,
+    QueuedRequest,
+    QueueError,
+    QueueFull,
+    QueueRejected,
+    QueueTimeout,
+    QueueUnserved,
+    queue_key,
+    split_key,
+)
+from local_lb.vtc import TenantWeights, VirtualTokenCounters
 
-
-def queue_key(model: str, version: str = "") -> str:
-    """What a request waits for: its model, and the version when it asks for one."""
-    return f"{model}@{version}" if version else model
-
-
-def split_key(key: str) -> tuple[str, str]:
-    """(model, version) of a ``queue_key``; version "" when any will do."""
-    model, _, version = key.partition("@")
-    return model, version
-
-
-class QueueError(Exception):
-    """A request left the central queue without a slot."""
-
-
-class QueueTimeout(QueueError):
-    """The request's deadline passed before a GPU freed a slot for it."""
-
-
-class QueueRejected(QueueError):
-    """The request was shed to admit one of higher priority."""
-
-
-class QueueUnserved(QueueError):
-    """No usable GPU serves the request's model any more (all down, ejected or drained)."""
-
-
-class QueueFull(QueueError):
-    """The queue is at ``max_entries`` and holds nothing of lower priority to shed."""
-
-
-@dataclass(eq=False)
-class QueuedRequest:
-    """One waiting request; ``enqueue`` returns it as the waiter's ticket.
-
-    ``deadline`` and ``enqueued_at`` are in the queue's clock. Await ``wait()``
-    once; cancelling the task that awaits it withdraws the request.
-    """
-
-    model: str
-    tenant: str
-    priority: str
-    cost_tokens: float
-    deadline: float | None
-    enqueued_at: float
-    future: asyncio.Future[str] = field(repr=False)
-    # Past this it could no longer finish before its client's deadline: never granted.
-    start_by: float | None = None
-    seq: int = field(default=0, repr=False)
-    settled: bool = field(default=False, init=False, repr=False)
-    _queue: CentralQueue | None = field(default=None, init=False, repr=False)
-    _lane: _Lane | None = field(default=None, init=False, repr=False)
-    _timer: asyncio.TimerHandle | None = field(default=None, init=False, repr=False)
-    _grant: str | None = field(default=None, init=False, repr=False)
-
-    async def wait(self) -> str:
-        """The name of the GPU whose slot this request now holds.
-
-        Raises QueueTimeout at the deadline, QueueRejected when shed. If the
-        task is cancelled after a slot was granted but before it could resume,
-        the slot is offered to the next waiter or handed back via ``release``.
-        """
-        try:
-            gpu_name = await self.future
-        except asyncio.CancelledError:
-            if self._queue is not None:
-                self._queue._abandon(self)
-            raise
-        self._grant = None
-        return gpu_name
-
-
-class _Lane:
-    """A FIFO of entries; settled ones leave lazily at either end, or by compaction
-    once they outnumber the live ones (so a stuck head cannot pin unbounded garbage)."""
-
-    __slots__ = ("dead", "entries")
-
-    def __init__(self) -> None:
-        self.entries: deque[QueuedRequest] = deque()
-        self.dead = 0
-
-    def note_dead(self) -> None:
-        self.dead += 1
-        if self.dead > 16 and 2 * self.dead > len(self.entries):
-            self.entries = deque(e for e in self.entries if not e.settled)
-            self.dead = 0
-
-    def first(self) -> QueuedRequest | None:
-        while self.entries and self.entries[0].settled:
-            self.entries.popleft()
-            self.dead -= 1
-        return self.entries[0] if self.entries else None
-
-    def last(self) -> QueuedRequest | None:
-        while self.entries and self.entries[-1].settled:
-            self.entries.pop()
-            self.dead -= 1
-        return self.entries[-1] if self.entries else None
+__all__ = [
+    "CentralQueue",
+    "QueueError",
+    "QueueFull",
+    "QueueRejected",
+    "QueueTimeout",
+    "QueueUnserved",
+    "QueuedRequest",
+    "queue_key",
+    "split_key",
+]
 
 
 class CentralQueue:
     """The local tier's central queue: strict priority, then VTC fairness, then FIFO.
 
-    Algorithm. ``offer(gpu, models)`` takes the highest priority class holding
-    a live entry for one of ``models``. Inside it, each tenant has a virtual
-    token counter; the tenant with the least counter among those waiting for a
-    served model wins (ties: older head entry first), and its oldest such entry
-    gets the slot; its counter then grows by ``cost_tokens / weight``
-    (``set_weight``, default 1.0). A tenant that becomes backlogged is lifted to
-    the least counter of the tenants already backlogged in the class — or, when
-    none is, to the counter of the last tenant to leave — so idling banks no
-    credit. Counters are per priority class: classes are served strictly, so a
-    counter only ever competes within its class, and a tenant's critical traffic
-    does not cost it its share of standard capacity. A tenant the ``may_take``
-    callback refuses (reserved headroom, ``local_lb.tenancy``) is passed over
-    for this slot and keeps its place; the next in VTC order is asked.
+    Algorithm. ``offer(gpu, models)`` takes the highest priority class holding a
+    live entry for one of ``models``. Inside it, each tenant has a virtual token
+    counter; the tenant with the least counter among those waiting for a served
+    model wins (ties: older head entry first), and its oldest such entry gets
+    the slot; its counter then grows by ``cost_tokens / weight`` (``weights`` or
+    ``set_weight``, default 1.0; ``local_lb.vtc``). A tenant that becomes
+    backlogged is lifted to the least counter of the tenants already backlogged
+    in the class — or, when none is, to the counter of the last tenant to leave
+    — so idling banks no credit. Counters are per priority class: classes are
+    served strictly, so a counter only ever competes within its class, and a
+    tenant's critical traffic does not cost it its share of standard capacity. A
+    tenant the ``may_take`` callback refuses (reserved headroom,
+    ``local_lb.tenancy``) is passed over for this slot and keeps its place; the
+    next in VTC order is asked.
 
     Admission. Beyond ``max_entries`` live entries, ``enqueue`` sheds the
     newest entry of the lowest class strictly below the newcomer (sheddable
@@ -178,6 +99,7 @@ class CentralQueue:
         max_entries: int = 10_000,
         clock: Callable[[], float] = time.monotonic,
         may_take: Callable[[str], bool] | None = None,
+        weights: Mapping[str, float] | None = None,
     ) -> None:
         if max_entries < 1:
             raise ValueError(f"max_entries must be at least 1, got {max_entries}")
@@ -186,19 +108,15 @@ class CentralQueue:
         self._clock = clock
         self._may_take = may_take
         self._seq = itertools.count()
-        classes = range(len(PRIORITIES))
+        classes = range(len(Priority))
         self._live = 0
         self._live_by_class = [0 for _ in classes]
         self._live_by_model: dict[tuple[int, str], int] = {}
-        self._by_class = [_Lane() for _ in classes]  # all entries of a class, oldest first
-        self._lanes: dict[tuple[int, str, str], _Lane] = {}  # (class, model, tenant)
+        self._by_class = [Lane() for _ in classes]  # all entries of a class, oldest first
+        self._lanes: dict[tuple[int, str, str], Lane] = {}  # (class, model, tenant)
         self._heaps: dict[tuple[int, str], list[tuple[float, int, str]]] = {}
-        self._counters: list[dict[str, float]] = [{} for _ in classes]
-        self._backlog: list[dict[str, int]] = [{} for _ in classes]  # live entries per tenant
-        self._min_heaps: list[list[tuple[float, str]]] = [[] for _ in classes]
-        self._in_min_heap: list[set[str]] = [set() for _ in classes]
-        self._last_left = [0.0 for _ in classes]
-        self._weights: dict[str, float] = {}
+        self._weights = TenantWeights(weights)
+        self._vtc = [VirtualTokenCounters(self._weights) for _ in classes]
 
     def enqueue(
         self,
@@ -214,9 +132,10 @@ class CentralQueue:
 
         ``deadline`` bounds the wait; ``start_by`` (optional, earlier) is when the
         request could no longer finish in time once it got a slot."""
-        rank = _RANK.get(priority)
-        if rank is None:
-            raise ValueError(f"priority must be one of {PRIORITIES}, got {priority!r}")
+        known = Priority.parse(priority)
+        if known is None:
+            raise ValueError(f"priority must be one of {PRIORITY_NAMES}, got {priority!r}")
+        rank = known.rank
         if not cost_tokens >= 1 or math.isinf(cost_tokens):
             raise ValueError(f"cost_tokens must be finite and at least 1, got {cost_tokens}")
         loop = asyncio.get_running_loop()
@@ -243,9 +162,7 @@ class CentralQueue:
 
     def set_weight(self, tenant: str, weight: float) -> None:
         """A tenant's share relative to others (default 1.0); applies from the next grant."""
-        if not weight > 0 or math.isinf(weight):
-            raise ValueError(f"weight for tenant {tenant!r} must be positive, got {weight}")
-        self._weights[tenant] = weight
+        self._weights.set(tenant, weight)
 
     def offer(
         self,
@@ -254,7 +171,7 @@ class CentralQueue:
     ) -> bool:
         """Hand one free slot of ``gpu_name`` to a waiter; False if none can use it."""
         now = self._clock()
-        for rank in range(len(PRIORITIES)):
+        for rank in range(len(Priority)):
             if not self._live_by_class[rank]:
                 continue
             best: tuple[float, int, str, str] | None = None
@@ -298,10 +215,10 @@ class CentralQueue:
         return failed
 
     def weight(self, tenant: str) -> float:
-        return self._weights.get(tenant, 1.0)
+        return self._weights(tenant)
 
     def depth_by_priority(self) -> dict[str, int]:
-        return {name: self._live_by_class[rank] for rank, name in enumerate(PRIORITIES)}
+        return {p.value: self._live_by_class[p.rank] for p in Priority}
 
     def depth_for_model(self, model: str) -> int:
         """Live entries waiting for ``model``, any version, all priorities. O(keys)."""
@@ -324,17 +241,11 @@ class CentralQueue:
         ``total weight / own weight - 1`` turns for each of its turns — so a tenant
         flooding the queue cannot make everyone else's expected wait look hopeless.
         """
-        rank = _RANK[priority]
+        rank = Priority(priority).rank
         ahead = sum(self._live_by_model.get((r, model), 0) for r in range(rank))
         same = self._live_by_model.get((rank, model), 0)
         if tenant is not None and same:
-            backlog = self._backlog[rank]
-            weight = self._weights.get(tenant, 1.0)
-            total = sum(self._weights.get(t, 1.0) for t in backlog)
-            if tenant not in backlog:
-                total += weight
-            fair = (backlog.get(tenant, 0) + 1) * total / weight - 1
-            same = min(same, max(0, math.ceil(fair)))
+            same = min(same, self._vtc[rank].turns_until_served(tenant))
         ahead += same
         if ahead == 0:
             return 0.0
@@ -344,16 +255,14 @@ class CentralQueue:
         self, entry: QueuedRequest, rank: int, loop: asyncio.AbstractEventLoop, now: float
     ) -> None:
         tenant = entry.tenant
-        backlog = self._backlog[rank]
-        if tenant not in backlog:
-            self._join(rank, tenant)
-        backlog[tenant] = backlog.get(tenant, 0) + 1
+        vtc = self._vtc[rank]
+        vtc.arrive(tenant)
         key = (rank, entry.model, tenant)
         lane = self._lanes.get(key)
         if lane is None:  # a lane exists exactly while its tenant has an item in the heap
-            lane = self._lanes[key] = _Lane()
+            lane = self._lanes[key] = Lane()
             heap = self._heaps.setdefault((rank, entry.model), [])
-            heapq.heappush(heap, (self._counters[rank][tenant], entry.seq, tenant))
+            heapq.heappush(heap, (vtc.counters[tenant], entry.seq, tenant))
         lane.entries.append(entry)
         self._by_class[rank].entries.append(entry)
         entry._lane, entry._queue = lane, self
@@ -365,30 +274,6 @@ class CentralQueue:
         if entry.deadline is not None:
             when = loop.time() + (entry.deadline - now)
             entry._timer = loop.call_at(when, self._expire, entry)
-
-    def _join(self, rank: int, tenant: str) -> None:
-        """VTC lift: a newly backlogged tenant starts no lower than the backlogged minimum."""
-        counters = self._counters[rank]
-        floor = self._min_backlogged(rank)
-        if floor is None:
-            floor = self._last_left[rank]
-        counters[tenant] = max(counters.get(tenant, 0.0), floor)
-        if tenant not in self._in_min_heap[rank]:
-            self._in_min_heap[rank].add(tenant)
-            heapq.heappush(self._min_heaps[rank], (counters[tenant], tenant))
-
-    def _min_backlogged(self, rank: int) -> float | None:
-        heap, counters, backlog = self._min_heaps[rank], self._counters[rank], self._backlog[rank]
-        while heap:
-            counter, tenant = heap[0]
-            if tenant not in backlog:
-                heapq.heappop(heap)
-                self._in_min_heap[rank].discard(tenant)
-            elif counter != counters[tenant]:
-                heapq.heapreplace(heap, (counters[tenant], tenant))
-            else:
-                return counter
-        return None
 
     def _top(
         self,
@@ -402,7 +287,7 @@ class CentralQueue:
         heap = self._heaps.get((rank, model))
         if heap is None:
             return None
-        counters = self._counters[rank]
+        counters = self._vtc[rank].counters
         passed_over: list[tuple[float, int, str]] = []
         found = None
         while heap:
@@ -440,20 +325,20 @@ class CentralQueue:
             return True
         return False
 
-    def _usable_first(self, lane: _Lane, now: float) -> QueuedRequest | None:
+    def _usable_first(self, lane: Lane, now: float) -> QueuedRequest | None:
         while (entry := lane.first()) is not None:
             if self._can_take(entry, now):
                 return entry
         return None
 
-    def _live_first(self, lane: _Lane) -> QueuedRequest | None:
+    def _live_first(self, lane: Lane) -> QueuedRequest | None:
         while (entry := lane.first()) is not None and entry.future.done():
             self._settle(entry, charge=False)
         return entry
 
     def _make_room(self, rank: int, now: float) -> None:
         """Free one place: settle dead or overdue entries, else shed the newest lowest."""
-        for lower in range(len(PRIORITIES) - 1, rank, -1):
+        for lower in range(len(Priority) - 1, rank, -1):
             lane = self._by_class[lower]
             while self._live >= self.max_entries and (victim := lane.last()) is not None:
                 if self._can_take(victim, now):
@@ -463,7 +348,7 @@ class CentralQueue:
                 return
         raise QueueFull(
             f"central queue holds {self._live} entries (max_entries={self.max_entries}) "
-            f"and none of lower priority than {PRIORITIES[rank]!r} to shed"
+            f"and none of lower priority than {PRIORITY_NAMES[rank]!r} to shed"
         )
 
     def _expire(self, entry: QueuedRequest) -> None:
@@ -498,7 +383,7 @@ class CentralQueue:
         if entry._timer is not None:
             entry._timer.cancel()
             entry._timer = None
-        rank, tenant = _RANK[entry.priority], entry.tenant
+        rank = Priority(entry.priority).rank
         self._live -= 1
         self._live_by_class[rank] -= 1
         mkey = (rank, entry.model)
@@ -506,15 +391,7 @@ class CentralQueue:
             del self._live_by_model[mkey]
         else:
             self._live_by_model[mkey] -= 1
-        counters = self._counters[rank]
-        if charge:
-            counters[tenant] += entry.cost_tokens / self._weights.get(tenant, 1.0)
-        backlog = self._backlog[rank]
-        if backlog[tenant] == 1:
-            del backlog[tenant]
-            self._last_left[rank] = counters[tenant]
-        else:
-            backlog[tenant] -= 1
+        self._vtc[rank].leave(entry.tenant, entry.cost_tokens if charge else 0.0)
         if entry._lane is not None:
             entry._lane.note_dead()
         self._by_class[rank].note_dead()

@@ -10,10 +10,10 @@ from typing import Any
 import grpc
 
 from common.basics.ticker import Ticker
-from common.capacity.streams import CapacityPublisher, zone_stream
+from common.capacity.streams import zone_stream
 from common.config.node import ConfigError
 from common.config.tls import tier_server_credentials
-from common.config.topology import GpuConfig, Topology
+from common.config.topology import GpuConfig, Topology, ZoneConfig
 from common.gen.meridian.v1 import capacity_pb2
 from common.observability.tier_metrics import EjectionCounter, add_local_metrics
 from common.observability.tracing import Telemetry, setup_tracing
@@ -25,11 +25,13 @@ from common.request.resilience import SlowStartConfig
 from common.request.routing import RouteHints
 from common.tenancy.admission import inner_admission
 from common.tier.server import TierServer, source_id
+from common.tier.wiring import summary_publisher, tier_children
 from local_lb.admin import LocalAdmin, local_admin
 from local_lb.balancer import LocalBalancer
 from local_lb.cost import drain_rps
 from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.policies import make_picker
+from local_lb.publication import LateBoundCallback
 from local_lb.queue import CentralQueue
 from local_lb.state import GpuChild, LocalView
 
@@ -122,6 +124,75 @@ def gpu_details(view: LocalView, gpu: Child) -> dict[str, Any]:
     return out
 
 
+def local_balancer(
+    topology: Topology,
+    view: LocalView,
+    children: ChildSet,
+    policy: str,
+    on_significant_change: Callable[[], None],
+) -> LocalBalancer:
+    """The zone's balancer with the policy named ``policy`` (ConfigError naming the
+    known ones when there is none of that name)."""
+    rng = random.Random()
+    try:
+        make_picker(policy, view, rng)  # an unknown policy fails at start, naming the known
+    except ValueError as exc:
+        raise ConfigError(f"--policy: {exc}") from None
+    return LocalBalancer(
+        view=view,
+        picker_factory=lambda v: make_picker(policy, v, rng),
+        children=children,
+        slow_start_config=SlowStartConfig(window_s=topology.slow_start_window_s),
+        tenant_headroom=topology.tenant_headroom,
+        tenant_weights={t.id: t.weight for t in topology.auth.tenants},
+        on_significant_change=on_significant_change,
+        rng=rng,
+    )
+
+
+def gpu_monitor(
+    topology: Topology, zone_cfg: ZoneConfig, children: ChildSet, view: LocalView
+) -> BackendMonitor:
+    """Health of the zone's GPU servers, told to ``children``, and their own load
+    reports, kept in the view's load book."""
+
+    def on_health(name: str, healthy: bool, reason: str) -> None:
+        gpu = children.by_name[name]
+        if healthy:
+            children.mark_healthy(gpu)
+        else:
+            children.mark_failed(gpu, reason)
+
+    return BackendMonitor(
+        (MonitoredGpu.from_config(g) for g in zone_cfg.gpus),
+        on_health=on_health,
+        book=view.load,
+        interval_s=topology.health_interval_s,
+    )
+
+
+def local_ops(view: LocalView, balancer: LocalBalancer, ejections: EjectionCounter) -> OpsAdditions:
+    """The local tier's own metrics (queue depth, ejections) and ops state (per GPU)."""
+    return OpsAdditions(
+        metrics=(lambda m: add_local_metrics(m, balancer.queue_depths, ejections),),
+        child_details=lambda gpu: gpu_details(view, gpu),
+        extra_state=lambda: {"queue": balancer.queue_depths()},
+    )
+
+
+def local_view(topology: Topology, gpus: tuple[GpuChild, ...]) -> LocalView:
+    """What the pickers read; a GPU's own report older than four health intervals is stale."""
+    return LocalView(gpus, report_max_age_s=4 * topology.health_interval_s)
+
+
+def no_origin(hints: RouteHints) -> None:
+    return None  # the local tier's choice does not depend on geography
+
+
+# A GPU that sheds load is reported up, so the regional tier can try another zone.
+LOCAL_FORWARDING_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
+
+
 def build_local_tier(
     topology: Topology,
     region: str,
@@ -132,70 +203,25 @@ def build_local_tier(
     telemetry: Telemetry | None = None,
 ) -> TierServer:
     """The local tier of ``region``/``zone`` as described by ``topology``; ``reload_from``
-    re-reads the topology for the Admin API's ReloadTopology."""
+    re-reads the topology for the Admin API's ReloadTopology; ``telemetry`` replaces the
+    tracing set up from the OTel environment. Mutual TLS towards the regional tier; GPU
+    workers stay plaintext (outside the router's trust domain)."""
     zone_cfg = topology.zone(region, zone)
     gpus = tuple(gpu_child(g) for g in zone_cfg.gpus)
-    children = ChildSet(
-        gpus,
-        probe_interval_s=topology.health_interval_s,
-        summary_ttl_s=topology.summary_ttl_s,
-        kind="GPU",
-        probe=False,
-    )
-    view = LocalView(gpus, report_max_age_s=4 * topology.health_interval_s)
-    rng = random.Random()
-    try:
-        picker = make_picker(policy, view, rng)
-    except ValueError as exc:
-        raise ConfigError(f"--policy: {exc}") from None
-    balancer = LocalBalancer(
-        view=view,
-        picker=picker,
-        children=children,
-        slow_start_config=SlowStartConfig(window_s=topology.slow_start_window_s),
-        tenant_headroom=topology.tenant_headroom,
-        rng=rng,
-    )
-
-    def on_health(name: str, healthy: bool, reason: str) -> None:
-        gpu = children.by_name[name]
-        if healthy:
-            children.mark_healthy(gpu)
-        else:
-            children.mark_failed(gpu, reason)
-
-    monitor = BackendMonitor(
-        (MonitoredGpu.from_config(g) for g in zone_cfg.gpus),
-        on_health=on_health,
-        book=view.load,
-        interval_s=topology.health_interval_s,
-    )
-    source = source_id("local", region, zone)
-    publisher = CapacityPublisher(
-        topology.redis_url,
+    children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
+    poke_publisher = LateBoundCallback()  # the publisher reads the balancer's queue
+    balancer = local_balancer(topology, view, children, policy, poke_publisher)
+    monitor = gpu_monitor(topology, zone_cfg, children, view)
+    source = source_id("local", region, zone)  # one per process incarnation
+    publisher = summary_publisher(
+        topology,
         zone_stream(region, zone),
         lambda seq: zone_summary(
             view, balancer.queue, source=source, sequence=seq, region=region, zone=zone
         ),
-        cadence_s=topology.summary_cadence_s,
-        maxlen=topology.summary_stream_maxlen,
     )
-
-    balancer.on_significant_change = publisher.poke
-    for tenant in topology.auth.tenants:
-        balancer.queue.set_weight(tenant.id, tenant.weight)
-
-    def origin(hints: RouteHints) -> None:
-        return None  # the local tier's choice does not depend on geography
-
-    spec = TierSpec(tier="local", trust_internal=True, resolve_origin=origin)
-    policy_of_forwarding = ForwardingPolicy(
-        kind="GPU",
-        route_prefix=zone,
-        # A GPU that sheds load is reported up, so the regional tier can try another zone.
-        failover_codes=frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED}),
-    )
-    ejections = EjectionCounter(balancer.outlier.ejected_keys)
+    poke_publisher.connect(publisher.poke)
+    ejections = EjectionCounter(balancer.ejected_gpus)
     hooks = LocalAdmin(
         region=region,
         zone=zone,
@@ -203,13 +229,11 @@ def build_local_tier(
         view=view,
         balancer=balancer,
         monitor=monitor,
-        policy=policy,
-        rng=rng,
         make_gpu=gpu_child,
     )
     return TierServer(
-        spec,
-        policy_of_forwarding,
+        TierSpec(tier="local", trust_internal=True, resolve_origin=no_origin),
+        ForwardingPolicy(kind="GPU", route_prefix=zone, failover_codes=LOCAL_FORWARDING_CODES),
         children,
         balancer,
         zone_cfg.endpoint,
@@ -219,22 +243,13 @@ def build_local_tier(
             Ticker(balancer.refresh_all, topology.health_interval_s / 2),
             Ticker(ejections.poll, topology.health_interval_s / 2),
         ],
-        # Mutual TLS towards the regional tier; GPU workers stay plaintext (outside the
-        # router's trust domain).
         credentials=tier_server_credentials(topology.tls, edge=False),
         admission=inner_admission(topology.auth),
         limits=topology.limits,
         ops=zone_cfg.ops,
-        ops_additions=OpsAdditions(
-            metrics=(
-                lambda m: add_local_metrics(m, balancer.queue.depth_by_priority, ejections),
-            ),
-            child_details=lambda gpu: gpu_details(view, gpu),
-            extra_state=lambda: {"queue": balancer.queue.depth_by_priority()},
-        ),
+        ops_additions=local_ops(view, balancer, ejections),
         name=zone,
         tenants=topology.auth.tenant_ids,
         telemetry=telemetry or setup_tracing("meridian-local"),
         admin=local_admin(hooks, topology, reload_from),
     )
-

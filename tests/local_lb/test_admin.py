@@ -44,7 +44,12 @@ def request() -> PickRequest:
 def test_a_drained_gpu_leaves_the_free_pool_and_comes_back_when_undrained() -> None:
     view = LocalView(gpus())
     children = ChildSet(view.gpus, probe_interval_s=1, summary_ttl_s=3, probe=False)
-    children.add_listener(lambda: [view.refresh(g) for g in view.gpus])
+
+    def refresh() -> None:
+        for gpu in view.gpus:
+            view.refresh(gpu)
+
+    children.add_listener(refresh)
     g0 = view.by_name["g0"]
     children.set_drained(g0, True)
     assert not g0.usable and g0.healthy
@@ -116,7 +121,7 @@ def local_tier(
     rng = random.Random(1)
     balancer = LocalBalancer(
         view=view,
-        picker=make_picker("default", view, rng),
+        picker_factory=lambda v: make_picker("default", v, rng),
         children=children,
         clock=clock,
         rng=rng,
@@ -129,8 +134,6 @@ def local_tier(
         view=view,
         balancer=balancer,
         monitor=monitor,  # type: ignore[arg-type]
-        policy="default",
-        rng=rng,
         make_gpu=gpu_child,
     )
     return hooks, balancer, monitor
@@ -149,24 +152,25 @@ async def test_a_removed_ejected_gpu_is_forgotten_and_a_later_ejection_works() -
     mapping = zone_mapping(3)
     hooks, bal, monitor = local_tier(mapping, clock)
     for _ in range(5):
-        bal.outlier.record_failure("g2")
-    assert bal.view.by_name["g2"].ejected and bal.outlier.ejected_keys() == {"g2"}
+        bal.resilience.record_failure("g2")
+    assert bal.view.by_name["g2"].ejected and bal.resilience.ejected_keys() == {"g2"}
     bal.view.load.update("g2", LoadSample(1, 0, None, clock(), "metrics"))
-    bal.slow_start.start("g2")
+    bal.resilience.slow_start.start("g2")
     fewer = copy.deepcopy(mapping)
     fewer["regions"][0]["zones"][0]["gpus"].pop()
     report = await hooks.reload(topology_from_mapping(fewer))
     assert list(report.removed) == ["g2"]
     await wait_gone(bal.children, "g2")
     assert monitor.removed == ["g2"] and "g2" not in bal.view.by_name
-    assert bal.outlier.ejected_keys() == frozenset()
-    assert bal.view.load.get("g2", clock(), 60) is None and bal.slow_start.factor("g2") == 1.0
+    assert bal.resilience.ejected_keys() == frozenset()
+    assert bal.view.load.get("g2", clock(), 60) is None
+    assert bal.resilience.slow_start.factor("g2") == 1.0
     clock.now += 3600  # g2's ejection would have run out by now
     for _ in range(5):  # and another GPU fails its way to an ejection
         lease = await bal.acquire(pick(), ("g0",), None)
         assert lease.child.name == "g1"
         bal.release(lease, Outcome(grpc.StatusCode.INTERNAL, 0.1))
-    assert bal.outlier.ejected_keys() == {"g1"} and bal.view.by_name["g1"].ejected
+    assert bal.resilience.ejected_keys() == {"g1"} and bal.view.by_name["g1"].ejected
     assert bal.view.inflight_total == 0 and bal.breaker.pending("g1") == 0
     assert bal.view.by_name["g1"].outstanding_requests == 0
     await bal.children.stop()

@@ -56,7 +56,7 @@ def make(
     )
     return LocalBalancer(
         view=view,
-        picker=CompletionTimePicker(view, rng=random.Random(1)),
+        picker_factory=lambda v: CompletionTimePicker(v, rng=random.Random(1)),
         children=children,
         slow_start_config=SlowStartConfig(window_s=30.0),
         tenant_headroom=tenant_headroom,
@@ -254,7 +254,9 @@ async def test_slots_on_an_unusable_gpu_do_not_count_as_taken_headroom() -> None
     for lease in held:
         if lease.child.name == "g0":
             bal.release(lease, ok())
-    bal._ejection_changed("g1", True)
+    for _ in range(5):  # consecutive failures: the outlier detector ejects g1
+        bal.resilience.record_failure("g1")
+    assert bal.view.by_name["g1"].ejected
     assert bal.free_usable_slots == 2
     bal.tenants.arrived("flood", 5000.0)  # far over its share
     bal.tenants.arrived("steady", 30.0)  # a light tenant is active
@@ -301,3 +303,72 @@ async def test_a_grant_lost_to_cancellation_is_not_passed_on_by_a_drained_gpu() 
     lease = await asyncio.wait_for(second, 1)
     assert lease.child.name == "g1"
     await asyncio.gather(first, return_exceptions=True)
+
+
+async def test_a_weighted_gpus_lease_estimate_is_the_pickers_cost() -> None:
+    bal = make(n=1, slots=4)
+    gpu = bal.view.by_name["g0"]
+    gpu.weight, gpu.share = 3.0, 0.5
+    await bal.acquire(pick(), (), None)  # some work already in flight there
+    picker = bal.picker
+    assert isinstance(picker, CompletionTimePicker)
+    expected = picker.cost(gpu, pick(), 0, bal.clock())
+    lease = await bal.acquire(pick(), (), None)
+    assert lease.child is gpu
+    assert lease.estimated_s == pytest.approx(expected)
+
+
+async def test_set_gpus_rebuilds_the_picker_only_when_the_gpu_set_changes() -> None:
+    bal = make(n=3)
+    picker = bal.picker
+    bal.set_gpus(bal.view.gpus)  # same GPUs, settings changed perhaps
+    assert bal.picker is picker
+    bal.set_gpus(bal.view.gpus[:2])
+    assert bal.picker is not picker and "g2" not in bal.view.by_name
+    assert bal.free_usable_slots == 2  # slot totals follow the new set
+
+
+async def test_set_gpus_moves_the_ejection_cap_with_the_gpu_count() -> None:
+    bal = make(n=1)
+    more = tuple(
+        GpuChild(name=f"h{i}", endpoint=Endpoint("127.0.0.1", 1), models=frozenset({M}))
+        for i in range(20)
+    )
+    bal.set_gpus((*bal.view.gpus, *more))  # 21 GPUs: 10 % lets two be ejected at once
+    for name in ("h0", "h1"):
+        for _ in range(5):
+            bal.resilience.record_failure(name)
+    assert bal.ejected_gpus() == {"h0", "h1"}
+
+
+async def test_forget_drops_a_gpu_from_resilience_load_reports_and_prefix_index() -> None:
+    bal = make(n=2)
+    for _ in range(5):
+        bal.resilience.record_failure("g1")
+    bal.view.prefix.record([1, 2], "g1")
+    bal.forget("g1")
+    assert bal.ejected_gpus() == frozenset()
+    assert bal.view.prefix.matches([1, 2]) == {}
+
+
+async def test_a_band_crossing_calls_the_callback_given_at_construction() -> None:
+    calls: list[int] = []
+    clock = Clock()
+    gpus = (GpuChild(name="g0", endpoint=Endpoint("127.0.0.1", 1), models=frozenset({M})),)
+    view = LocalView(gpus)
+    children = ChildSet(
+        gpus, probe_interval_s=1, summary_ttl_s=3, kind="GPU", probe=False, clock=clock
+    )
+    bal = LocalBalancer(
+        view=view,
+        picker_factory=lambda v: CompletionTimePicker(v, rng=random.Random(1)),
+        children=children,
+        tenant_weights={"gold": 4.0},
+        on_significant_change=lambda: calls.append(1),
+        clock=clock,
+    )
+    for _ in range(8):  # 8 of 16 slots: utilisation reaches the 50 % band
+        await bal.acquire(pick(), (), None)
+    assert calls == [1]
+    assert bal.queue.weight("gold") == 4.0
+    assert bal.queue_depths() == {"critical": 0, "standard": 0, "sheddable": 0}

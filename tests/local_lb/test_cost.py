@@ -2,15 +2,18 @@
 
 import pytest
 
+from common.config.node import Endpoint
 from local_lb.cost import (
     PREFILL_WEIGHT,
     STALE_BUSY_FRACTION,
     ewma,
     expected_completion_s,
+    gpu_completion_s,
     outstanding_work,
     rate_sample,
     request_work,
 )
+from local_lb.state import GpuChild
 
 
 def test_request_work_counts_decode_and_cheap_prefill() -> None:
@@ -60,3 +63,30 @@ def test_rate_sample_ignores_degenerate_observations(work: float, elapsed: float
 
 def test_ewma_moves_a_fifth_of_the_way() -> None:
     assert ewma(100, 200) == pytest.approx(120)
+
+
+def gpu(rate: float = 1000.0, weight: float = 1.0, share: float = 1.0) -> GpuChild:
+    return GpuChild(
+        name="g",
+        endpoint=Endpoint("127.0.0.1", 1),
+        models=frozenset({"m"}),
+        rate=rate,
+        weight=weight,
+        share=share,
+    )
+
+
+def test_gpu_completion_divides_the_work_by_the_learned_rate() -> None:
+    assert gpu_completion_s(gpu(rate=1000.0), 100.0, 900.0) == pytest.approx(1.0)
+
+
+def test_gpu_completion_scales_the_rate_by_the_operators_weight() -> None:
+    assert gpu_completion_s(gpu(rate=1000.0, weight=2.0), 100.0, 900.0) == pytest.approx(0.5)
+
+
+def test_gpu_completion_treats_a_warming_gpu_as_slower() -> None:
+    assert gpu_completion_s(gpu(rate=1000.0, share=0.5), 100.0, 900.0) == pytest.approx(2.0)
+
+
+def test_gpu_completion_floors_a_zero_share_instead_of_dividing_by_zero() -> None:
+    assert gpu_completion_s(gpu(rate=1000.0, share=0.0), 1.0, 0.0) == pytest.approx(1.0)
