@@ -42,6 +42,7 @@ from opentelemetry.trace import StatusCode as SpanStatus
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import AttributeValue
 
+from common.basics.vocabulary import ANONYMOUS_TENANT
 from common.request.balancer import Lease
 
 RECENT_SPANS = 2000
@@ -238,7 +239,7 @@ class TierTracing:
         if model:
             attributes[MODEL] = model
         # Without authentication every caller is the anonymous tenant (common.tenancy.auth).
-        attributes[TENANT] = tenant or "anonymous"
+        attributes[TENANT] = tenant or ANONYMOUS_TENANT
         end_span(span, code, attributes=attributes)
 
     @staticmethod
