@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from common.basics.backoff import Backoff
 from common.basics.geo import GeoPoint
 from common.basics.tasks import cancel_and_wait
 from common.capacity.summary import combine_replicas, significant_change
@@ -31,6 +32,10 @@ from common.request.server import CHANNEL_OPTIONS, V2_SERVICE
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+
+# A broken health watch is re-opened after 0.1 s, doubling to 1 s.
+WATCH_RETRY_MIN_S = 0.1
+WATCH_RETRY_MAX_S = 1.0
 
 
 @dataclass(eq=False)
@@ -357,11 +362,11 @@ class ChildSet:
         process dies (the stream breaks), is marked down at once."""
         stub = health_pb2_grpc.HealthStub(channel)
         request = health_pb2.HealthCheckRequest(service=V2_SERVICE)
-        backoff = 0.1
+        backoff = Backoff(WATCH_RETRY_MIN_S, WATCH_RETRY_MAX_S)
         while True:
             try:
                 async for reply in stub.Watch(request):
-                    backoff = 0.1
+                    backoff.reset()
                     if reply.status == health_pb2.HealthCheckResponse.SERVING:
                         self.mark_healthy(child)
                     else:
@@ -370,8 +375,7 @@ class ChildSet:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     return  # no health service: the ServerReady probes must do
                 self.mark_failed(child, f"health: {exc.code().name}: {exc.details()}")
-            await asyncio.sleep(backoff)
-            backoff = min(1.0, 2 * backoff)
+            await asyncio.sleep(backoff.next_s())
 
 
 async def _idle(child: Child, poll_s: float) -> None:
