@@ -21,12 +21,14 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from common.basics.backoff import Reconnect
 from common.capacity.summary import encode_hint
 from common.gen.meridian.v1 import capacity_pb2
 
 log = logging.getLogger(__name__)
 
 SUMMARY_FIELD = b"summary"
+# Reconnecting to Redis: 0.1 s doubling to this.
 MAX_BACKOFF_S = 2.0
 
 
@@ -38,23 +40,9 @@ def region_stream(region: str) -> str:
     return f"meridian:capacity:region:{region}"
 
 
-class Backoff:
-    """Exponential back-off for reconnecting to Redis, logging each outage once."""
-
-    def __init__(self, what: str) -> None:
-        self.what = what
-        self.delay = 0.0
-
-    async def failed(self, exc: Exception) -> None:
-        if self.delay == 0.0:
-            log.warning("%s: redis unavailable (%s); retrying with back-off", self.what, exc)
-        self.delay = min(MAX_BACKOFF_S, max(0.1, self.delay * 2))
-        await asyncio.sleep(self.delay)
-
-    def succeeded(self) -> None:
-        if self.delay:
-            log.info("%s: redis is back", self.what)
-        self.delay = 0.0
+def redis_backoff(what: str) -> Reconnect:
+    """The back-off of a loop reconnecting to Redis (``what`` names it in the log)."""
+    return Reconnect(what, service="redis", base_s=0.1, max_s=MAX_BACKOFF_S, logger=log)
 
 
 class CapacityPublisher:
@@ -114,7 +102,7 @@ class CapacityPublisher:
         )
 
     async def _run(self) -> None:
-        backoff = Backoff(f"publisher {self.stream}")
+        backoff = redis_backoff(f"publisher {self.stream}")
         while True:
             try:
                 await self.publish_once()
@@ -187,7 +175,7 @@ class CapacityReader:
                 self._take(stream, fields)
 
     async def _run(self) -> None:
-        backoff = Backoff("capacity reader")
+        backoff = redis_backoff("capacity reader")
         last_ids: dict[str, bytes | str] = dict.fromkeys(self.streams, "0-0")
         caught_up = False
         while True:

@@ -9,9 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from common.basics.vocabulary import ANONYMOUS_TENANT, PRIORITY_NAMES, Priority
 from common.config.node import ConfigError, ConfigNode, require_positive, require_unique
-
-PRIORITY_ORDER = ("critical", "standard", "sheddable")
 
 
 @dataclass(frozen=True)
@@ -20,7 +19,7 @@ class TenantConfig:
 
     id: str
     key_hashes: frozenset[str]
-    priority_ceiling: str = "standard"
+    priority_ceiling: Priority = Priority.STANDARD
     requests_per_s: float | None = None
     tokens_per_min: float | None = None
     max_concurrent: int | None = None
@@ -28,11 +27,15 @@ class TenantConfig:
     allowed_regions: frozenset[str] = frozenset()
     weight: float = 1.0
 
-    def cap_priority(self, asked: str) -> str:
+    def cap_priority(self, asked: Priority) -> Priority:
         """The asked priority, lowered to the tenant's ceiling."""
-        if PRIORITY_ORDER.index(asked) < PRIORITY_ORDER.index(self.priority_ceiling):
+        if asked.rank < self.priority_ceiling.rank:
             return self.priority_ceiling
         return asked
+
+
+# The tenant of every request when authentication is off: no keys, no limits.
+ANONYMOUS = TenantConfig(id=ANONYMOUS_TENANT, key_hashes=frozenset())
 
 
 @dataclass(frozen=True)
@@ -108,10 +111,10 @@ def _digests(node: ConfigNode, key: str, default: Any = ...) -> list[str]:
 
 def _tenant(node: ConfigNode, regions: set[str]) -> TenantConfig:
     keys = _digests(node, "api_key_sha256")
-    ceiling = node.get("priority_ceiling", "standard", kind=str)
-    if ceiling not in PRIORITY_ORDER:
+    ceiling = Priority.parse(node.get("priority_ceiling", "standard", kind=str))
+    if ceiling is None:
         raise ConfigError(
-            f"{node.key_path('priority_ceiling')}: must be one of {', '.join(PRIORITY_ORDER)}"
+            f"{node.key_path('priority_ceiling')}: must be one of {', '.join(PRIORITY_NAMES)}"
         )
     allowed = node.get("allowed_regions", [], kind=list)
     for name in allowed:

@@ -60,14 +60,38 @@ def generate_pki(directory: Path, *, hosts: Iterable[str] = LOOPBACK_HOSTS) -> T
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o700)
     now = datetime.datetime.now(datetime.UTC)
-    not_before, not_after = now - _BACKDATE, now + _VALIDITY
-
+    validity = (now - _BACKDATE, now + _VALIDITY)
     ca_key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Meridian fleet CA")])
-    ca_cert = (
+    ca_cert = _ca_certificate(ca_key, validity)
+    tier_key = ec.generate_private_key(ec.SECP256R1())
+    tier_cert = _tier_certificate(tier_key, ca_key, validity, hosts)
+
+    pem = serialization.Encoding.PEM
+    tls = TlsConfig(
+        ca=str(directory / CA_FILE),
+        cert=str(directory / CERT_FILE),
+        key=str(directory / KEY_FILE),
+    )
+    _write(Path(tls.ca), ca_cert.public_bytes(pem), 0o644)
+    _write(Path(tls.cert), tier_cert.public_bytes(pem), 0o644)
+    key_pem = tier_key.private_bytes(
+        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    _write(Path(tls.key), key_pem, 0o600)
+    return tls
+
+
+_CA_NAME = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "Meridian fleet CA")])
+Validity = tuple[datetime.datetime, datetime.datetime]
+
+
+def _ca_certificate(ca_key: ec.EllipticCurvePrivateKey, validity: Validity) -> x509.Certificate:
+    """The fleet CA: self-signed, may sign tier certificates only (path length 0)."""
+    not_before, not_after = validity
+    return (
         x509.CertificateBuilder()
-        .subject_name(ca_name)
-        .issuer_name(ca_name)
+        .subject_name(_CA_NAME)
+        .issuer_name(_CA_NAME)
         .public_key(ca_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
@@ -78,11 +102,19 @@ def generate_pki(directory: Path, *, hosts: Iterable[str] = LOOPBACK_HOSTS) -> T
         .sign(ca_key, hashes.SHA256())
     )
 
-    tier_key = ec.generate_private_key(ec.SECP256R1())
-    tier_cert = (
+
+def _tier_certificate(
+    tier_key: ec.EllipticCurvePrivateKey,
+    ca_key: ec.EllipticCurvePrivateKey,
+    validity: Validity,
+    hosts: Iterable[str],
+) -> x509.Certificate:
+    """The tier certificate the CA signs: server and client auth, ``hosts`` as SANs."""
+    not_before, not_after = validity
+    return (
         x509.CertificateBuilder()
         .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "meridian-tier")]))
-        .issuer_name(ca_name)
+        .issuer_name(_CA_NAME)
         .public_key(tier_key.public_key())
         .serial_number(x509.random_serial_number())
         .not_valid_before(not_before)
@@ -101,20 +133,6 @@ def generate_pki(directory: Path, *, hosts: Iterable[str] = LOOPBACK_HOSTS) -> T
         )
         .sign(ca_key, hashes.SHA256())
     )
-
-    pem = serialization.Encoding.PEM
-    tls = TlsConfig(
-        ca=str(directory / CA_FILE),
-        cert=str(directory / CERT_FILE),
-        key=str(directory / KEY_FILE),
-    )
-    _write(Path(tls.ca), ca_cert.public_bytes(pem), 0o644)
-    _write(Path(tls.cert), tier_cert.public_bytes(pem), 0o644)
-    key_pem = tier_key.private_bytes(
-        pem, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    _write(Path(tls.key), key_pem, 0o600)
-    return tls
 
 
 def server_credentials(tls: TlsConfig, *, require_client_cert: bool) -> grpc.ServerCredentials:

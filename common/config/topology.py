@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 
@@ -263,47 +263,92 @@ def _ops(node: ConfigNode) -> Endpoint | None:
 def topology_from_mapping(raw: Any) -> Topology:
     """Build and validate a ``Topology`` from parsed YAML."""
     root = ConfigNode(raw, "")
-    glob = root.child("global")
-    global_tier = GlobalConfig(
-        endpoint=parse_endpoint(glob.get("listen"), glob.key_path("listen")),
-        location=_location(glob, "location"),
-        ops=_ops(glob),
-    )
-    glob.done()
-    regions = []
-    for rnode in root.items("regions"):
-        rloc = _location(rnode, "location")
-        zones = []
-        for znode in rnode.items("zones"):
-            gpus = tuple(_gpu(g) for g in znode.items("gpus"))
-            require_unique([g.name for g in gpus], znode.key_path("gpus"))
-            zones.append(
-                ZoneConfig(
-                    name=znode.get("name", kind=str),
-                    location=_location(znode, "location", rloc),
-                    endpoint=parse_endpoint(znode.get("listen"), znode.key_path("listen")),
-                    gpus=gpus,
-                    ops=_ops(znode),
-                )
-            )
-            znode.done()
-        require_unique([z.name for z in zones], rnode.key_path("zones"))
-        regions.append(
-            RegionConfig(
-                name=rnode.get("name", kind=str),
-                location=rloc,
-                endpoint=parse_endpoint(rnode.get("listen"), rnode.key_path("listen")),
-                zones=tuple(zones),
-                ops=_ops(rnode),
-            )
-        )
-        rnode.done()
+    global_tier = _global(root.child("global"))
+    regions = [_region(rnode) for rnode in root.items("regions")]
     require_unique([r.name for r in regions], "regions")
     # The Admin API addresses a region, zone or GPU by name alone.
     require_unique(
         [n for r in regions for n in (r.name, *(n for z in r.zones for n in _names(z)))],
         "regions: region, zone and GPU names together",
     )
+    settings = _fleet_settings(root)
+    region_names = {r.name for r in regions}
+    rtt = _rtt_matrix(root, region_names)
+    auth = parse_auth(root, region_names)
+    tls = parse_tls(root)
+    limits = parse_limits(root)
+    topology = Topology(
+        global_tier=global_tier,
+        regions=tuple(regions),
+        redis_url=root.get("redis_url", "redis://127.0.0.1:6379/0", kind=str),
+        rtt_ms=rtt,
+        auth=auth,
+        tls=tls,
+        limits=limits,
+        summary_cadence_s=settings.summary_cadence_s,
+        summary_stream_maxlen=settings.summary_stream_maxlen,
+        health_interval_s=settings.health_interval_s,
+        time_scale=settings.time_scale,
+        slow_start_window_s=settings.slow_start_window_s,
+        failback_window_s=settings.failback_window_s,
+        tenant_headroom=settings.tenant_headroom,
+    )
+    root.done()
+    return topology
+
+
+def _global(glob: ConfigNode) -> GlobalConfig:
+    global_tier = GlobalConfig(
+        endpoint=parse_endpoint(glob.get("listen"), glob.key_path("listen")),
+        location=_location(glob, "location"),
+        ops=_ops(glob),
+    )
+    glob.done()
+    return global_tier
+
+
+def _region(rnode: ConfigNode) -> RegionConfig:
+    rloc = _location(rnode, "location")
+    zones = [_zone(znode, rloc) for znode in rnode.items("zones")]
+    require_unique([z.name for z in zones], rnode.key_path("zones"))
+    region = RegionConfig(
+        name=rnode.get("name", kind=str),
+        location=rloc,
+        endpoint=parse_endpoint(rnode.get("listen"), rnode.key_path("listen")),
+        zones=tuple(zones),
+        ops=_ops(rnode),
+    )
+    rnode.done()
+    return region
+
+
+def _zone(znode: ConfigNode, region_location: GeoPoint) -> ZoneConfig:
+    """A zone; its location defaults to its region's."""
+    gpus = tuple(_gpu(g) for g in znode.items("gpus"))
+    require_unique([g.name for g in gpus], znode.key_path("gpus"))
+    zone = ZoneConfig(
+        name=znode.get("name", kind=str),
+        location=_location(znode, "location", region_location),
+        endpoint=parse_endpoint(znode.get("listen"), znode.key_path("listen")),
+        gpus=gpus,
+        ops=_ops(znode),
+    )
+    znode.done()
+    return zone
+
+
+class _FleetSettings(NamedTuple):
+    summary_cadence_s: float
+    summary_stream_maxlen: int
+    health_interval_s: float
+    time_scale: float
+    slow_start_window_s: float
+    failback_window_s: float
+    tenant_headroom: float
+
+
+def _fleet_settings(root: ConfigNode) -> _FleetSettings:
+    """The fleet-wide scalars (cadences, windows, headroom), validated in file order."""
     cadence = root.get("summary_cadence_s", 0.5, kind=float)
     require_positive(root, "summary_cadence_s", cadence)
     maxlen = root.get("summary_stream_maxlen", 120, kind=int)
@@ -321,28 +366,7 @@ def topology_from_mapping(raw: Any) -> Topology:
     headroom = root.get("tenant_headroom", DEFAULT_TENANT_HEADROOM, kind=float)
     if not 0.0 <= headroom <= 0.9:
         raise ConfigError(f"tenant_headroom: must be between 0 and 0.9, got {headroom}")
-    rtt = _rtt_matrix(root, {r.name for r in regions})
-    auth = parse_auth(root, {r.name for r in regions})
-    tls = parse_tls(root)
-    limits = parse_limits(root)
-    topology = Topology(
-        global_tier=global_tier,
-        regions=tuple(regions),
-        redis_url=root.get("redis_url", "redis://127.0.0.1:6379/0", kind=str),
-        summary_cadence_s=cadence,
-        summary_stream_maxlen=maxlen,
-        health_interval_s=health,
-        time_scale=time_scale,
-        slow_start_window_s=slow_start,
-        failback_window_s=failback,
-        tenant_headroom=headroom,
-        rtt_ms=rtt,
-        auth=auth,
-        tls=tls,
-        limits=limits,
-    )
-    root.done()
-    return topology
+    return _FleetSettings(cadence, maxlen, health, time_scale, slow_start, failback, headroom)
 
 
 def load_topology(path: str | Path) -> Topology:

@@ -123,8 +123,6 @@ def _depths(spans: list[Span]) -> dict[str, int]:
 
 def summarize(trace_id: str, spans: list[Span]) -> dict[str, Any]:
     """One trace as the dashboard lists it (see the module docstring)."""
-    tiers = _tiers(spans)
-    depths = _depths(spans)
     start = min((s.get("start_ns") or 0) for s in spans)
     end = max((s.get("end_ns") or s.get("start_ns") or 0) for s in spans)
     servers = sorted(
@@ -138,29 +136,7 @@ def summarize(trace_id: str, spans: list[Span]) -> dict[str, Any]:
         or next((s["attributes"][attr] for s in servers if attr in s["attributes"]), None)
         for key, attr in (("region", tm.REGION), ("zone", tm.ZONE), ("gpu", tm.GPU))
     }
-    hops = []
-    for server in servers:
-        sid = server.get("span_id")
-        children = [s for s in spans if s.get("parent_id") == sid]
-        picks = [s for s in children if s.get("name") == "pick"]
-        attempts = [s for s in children if s.get("name") not in ("pick", "queue")]
-        pick = picks[-1]["attributes"] if picks else {}
-        queued = [s for s in _under(spans, picks) if s.get("name") == "queue"]
-        hops.append(
-            {
-                "tier": server["attributes"][tm.TIER],
-                "source": server.get("source", ""),
-                "child": pick.get(tm.CHILD),
-                "reason": pick.get(tm.REASON),
-                "candidates": pick.get(tm.CANDIDATES),
-                "policy": pick.get(tm.POLICY),
-                "estimated_ms": _ms(pick.get(tm.ESTIMATED_S)),
-                "attempts": len(attempts),
-                "queued_ms": sum(_duration_ms(s) for s in queued) if queued else None,
-                "status": server.get("status"),
-            }
-        )
-    code = top_attrs.get(tm.STATUS)
+    hops = [_hop(server, spans) for server in servers]
     return {
         "trace_id": trace_id,
         "start_ns": start,
@@ -169,26 +145,55 @@ def summarize(trace_id: str, spans: list[Span]) -> dict[str, Any]:
         "model": top_attrs.get(tm.MODEL),
         "tenant": top_attrs.get(tm.TENANT),
         "ok": all(s.get("status") != "ERROR" for s in servers),
-        "grpc_status": code,
+        "grpc_status": top_attrs.get(tm.STATUS),
         "route": route,
         "tiers": sorted({h["tier"] for h in hops}, key=lambda t: TIER_ORDER.get(t, 9)),
         "hops": hops,
-        "spans": [
-            {
-                "span_id": s.get("span_id"),
-                "parent_id": s.get("parent_id"),
-                "name": s.get("name", ""),
-                "tier": tiers.get(s.get("span_id", ""), ""),
-                "source": s.get("source", ""),
-                "depth": depths.get(s.get("span_id", ""), 0),
-                "offset_ms": round(((s.get("start_ns") or start) - start) / 1e6, 3),
-                "duration_ms": _duration_ms(s),
-                "status": s.get("status"),
-                "attributes": s.get("attributes", {}),
-            }
-            for s in spans
-        ],
+        "spans": _span_rows(spans, start),
     }
+
+
+def _hop(server: Span, spans: list[Span]) -> dict[str, Any]:
+    """What one tier's server span did: its pick, its attempts, its time in the queue."""
+    sid = server.get("span_id")
+    children = [s for s in spans if s.get("parent_id") == sid]
+    picks = [s for s in children if s.get("name") == "pick"]
+    attempts = [s for s in children if s.get("name") not in ("pick", "queue")]
+    pick = picks[-1]["attributes"] if picks else {}
+    queued = [s for s in _under(spans, picks) if s.get("name") == "queue"]
+    return {
+        "tier": server["attributes"][tm.TIER],
+        "source": server.get("source", ""),
+        "child": pick.get(tm.CHILD),
+        "reason": pick.get(tm.REASON),
+        "candidates": pick.get(tm.CANDIDATES),
+        "policy": pick.get(tm.POLICY),
+        "estimated_ms": _ms(pick.get(tm.ESTIMATED_S)),
+        "attempts": len(attempts),
+        "queued_ms": sum(_duration_ms(s) for s in queued) if queued else None,
+        "status": server.get("status"),
+    }
+
+
+def _span_rows(spans: list[Span], start: int) -> list[dict[str, Any]]:
+    """Every span as the waterfall draws it: tier, depth and offset from the trace start."""
+    tiers = _tiers(spans)
+    depths = _depths(spans)
+    return [
+        {
+            "span_id": s.get("span_id"),
+            "parent_id": s.get("parent_id"),
+            "name": s.get("name", ""),
+            "tier": tiers.get(s.get("span_id", ""), ""),
+            "source": s.get("source", ""),
+            "depth": depths.get(s.get("span_id", ""), 0),
+            "offset_ms": round(((s.get("start_ns") or start) - start) / 1e6, 3),
+            "duration_ms": _duration_ms(s),
+            "status": s.get("status"),
+            "attributes": s.get("attributes", {}),
+        }
+        for s in spans
+    ]
 
 
 def _under(spans: list[Span], parents: list[Span]) -> list[Span]:

@@ -2,9 +2,9 @@
 
 Every tier routes over a ``ChildSet``. It owns one gRPC channel per child,
 follows each child's grpc.health.v1 Watch (re-probing ServerReady while a
-child is down), and takes capacity summaries
-from the Redis reader. Pickers read ``Child`` state; only this module and the
-proxy core write it.
+child is down; both through ``common.request.health.HealthChecker``), and
+takes capacity summaries from the Redis reader. Pickers read ``Child`` state;
+only this module and the proxy core write it.
 """
 
 from __future__ import annotations
@@ -17,16 +17,15 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.basics.geo import GeoPoint
 from common.basics.tasks import cancel_and_wait
 from common.capacity.summary import combine_replicas, significant_change
 from common.config.node import Endpoint
-from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
-from common.request.server import CHANNEL_OPTIONS, V2_SERVICE
+from common.request.health import HealthChecker
+from common.request.server import CHANNEL_OPTIONS
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +130,8 @@ class ChildSet:
         self._tasks: list[asyncio.Task[None]] = []
         # Per child: its health watch; children being retired (common.operations.reload).
         self._watches: dict[str, asyncio.Task[None]] = {}
+        # Per child (by identity: a retiring child and its successor may share a name).
+        self._checkers: dict[Child, HealthChecker] = {}
         self._retiring: set[asyncio.Task[None]] = set()
         self._leaving: set[str] = set()
 
@@ -157,11 +158,12 @@ class ChildSet:
         self._channels.append(channel)
         child.channel = channel
         child.stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        self._checkers[child] = HealthChecker(channel)
         return channel
 
     def _start_watch(self, child: Child) -> None:
-        assert child.channel is not None
-        task = asyncio.create_task(self._watch(child, child.channel), name=f"watch {child.name}")
+        checker = self._checkers[child]
+        task = asyncio.create_task(self._watch(child, checker), name=f"watch {child.name}")
         self._watches[child.name] = task
 
     async def start(self) -> None:
@@ -243,6 +245,7 @@ class ChildSet:
                 watch.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await watch
+            self._checkers.pop(child, None)
             self._changed()
             await _idle(child, poll_s)
             if child.channel is not None:
@@ -332,18 +335,14 @@ class ChildSet:
         await asyncio.gather(*(self._probe(c) for c in self.children))
 
     async def _probe(self, child: Child) -> None:
-        assert child.stub is not None
-        try:
-            reply = await child.stub.ServerReady(
-                pb.ServerReadyRequest(), timeout=max(0.2, self.probe_interval_s)
-            )
-        except grpc.aio.AioRpcError as exc:
-            self.mark_failed(child, f"probe: {exc.code().name}: {exc.details()}")
+        checker = self._checkers.get(child)
+        if checker is None:  # retired meanwhile
             return
-        if reply.ready:
+        ready, reason = await checker.server_ready(timeout_s=max(0.2, self.probe_interval_s))
+        if ready:
             self.mark_healthy(child)
         else:
-            self.mark_failed(child, "probe: ServerReady says not ready")
+            self.mark_failed(child, reason)
 
     async def _probe_loop(self) -> None:
         """Re-probe the children marked down (a health watch reports only changes, and a
@@ -356,26 +355,18 @@ class ChildSet:
             except Exception:  # a probe bug must not stop probing
                 log.exception("health probe round failed")
 
-    async def _watch(self, child: Child, channel: grpc.aio.Channel) -> None:
+    async def _watch(self, child: Child, checker: HealthChecker) -> None:
         """Follow the child's grpc.health.v1 Watch: a child that stops serving, or whose
-        process dies (the stream breaks), is marked down at once."""
-        stub = health_pb2_grpc.HealthStub(channel)
-        request = health_pb2.HealthCheckRequest(service=V2_SERVICE)
-        backoff = 0.1
-        while True:
-            try:
-                async for reply in stub.Watch(request):
-                    backoff = 0.1
-                    if reply.status == health_pb2.HealthCheckResponse.SERVING:
-                        self.mark_healthy(child)
-                    else:
-                        self.mark_failed(child, "health: not serving")
-            except grpc.aio.AioRpcError as exc:
-                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
-                    return  # no health service: the ServerReady probes must do
-                self.mark_failed(child, f"health: {exc.code().name}: {exc.details()}")
-            await asyncio.sleep(backoff)
-            backoff = min(1.0, 2 * backoff)
+        process dies (the stream breaks), is marked down at once. Without a health
+        service the watch ends: the ServerReady probes must do."""
+
+        def report(healthy: bool, reason: str) -> None:
+            if healthy:
+                self.mark_healthy(child)
+            else:
+                self.mark_failed(child, reason)
+
+        await checker.watch(report)
 
 
 async def _idle(child: Child, poll_s: float) -> None:

@@ -27,12 +27,13 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
+from common.basics.backoff import backoff_delay_s
 from common.basics.errors import RETRY_AFTER_MS, RouteError
 from common.capacity.summary import CAPACITY_HINT
 from common.request.balancer import Balancer, Lease, Outcome
 from common.request.children import Child
 from common.request.pick import PickRequest
-from common.request.resilience import RetryBudget, backoff_delay_s
+from common.request.resilience import RetryBudget
 from common.request.routing import ROUTE, RouteHints, trailer
 
 T = TypeVar("T")

@@ -1,7 +1,8 @@
 """Per-child resilience with Envoy's semantics and defaults.
 
-Outlier ejection (consecutive failures), a pending-request circuit breaker, a retry budget,
-fully-jittered exponential back-off and slow start. Everything here is pure and synchronous:
+Outlier ejection (consecutive failures), a pending-request circuit breaker, a retry budget
+and slow start (the fully-jittered retry back-off, ``backoff_delay_s``, lives in
+``common.basics.backoff`` and is re-exported here). Everything here is pure and synchronous:
 no I/O, no tasks, no module state. Time comes from an injected ``clock`` (monotonic seconds)
 and randomness from an injected ``random.Random``, so tests drive timelines without sleeping.
 Objects are not thread-safe: each belongs to one event loop.
@@ -10,7 +11,6 @@ Objects are not thread-safe: each belongs to one event loop.
 from __future__ import annotations
 
 import math
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -292,25 +292,6 @@ class RetryBudget:
     def retry_finished(self) -> None:
         assert self._retries > 0, "retry_finished without try_start_retry"
         self._retries -= 1
-
-
-def backoff_delay_s(
-    attempt: int, rng: random.Random, base_s: float = 0.025, max_s: float = 0.25
-) -> float:
-    """Envoy's fully-jittered exponential back-off before retry number ``attempt``.
-
-    ``attempt`` 1 is the first retry. The delay is uniform in ``[0, min(max_s, base_s *
-    2 ** (attempt - 1)))``, as Envoy's ``JitteredExponentialBackOffStrategy`` draws it (the
-    first window is ``base_s``, then it doubles up to ``max_s``; Envoy's default max is 10
-    times base): with the defaults the windows are 25, 50, 100, 200, then 250 ms.
-    """
-    _validate(
-        attempt=(attempt, attempt >= 1, ">= 1"),
-        base_s=(base_s, base_s > 0, "> 0"),
-        max_s=(max_s, max_s >= base_s and math.isfinite(max_s), "finite and >= base_s"),
-    )
-    window = min(max_s, base_s * 2.0 ** min(attempt - 1, 64))
-    return rng.random() * window
 
 
 @dataclass(frozen=True, slots=True)

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 
 from common.basics.errors import RouteError
 from common.basics.geo import GeoPoint, format_geo, parse_geo
+from common.basics.vocabulary import PRIORITY_NAMES, Priority
 from common.request.prefix import PREFIX_BLOCKS, decode_blocks, encode_blocks
 
 SESSION = "x-meridian-session"
@@ -46,7 +47,6 @@ TENANT = "x-meridian-tenant"
 ROUTE = "x-meridian-route"
 LOAD = "x-meridian-load"
 
-PRIORITIES = ("critical", "standard", "sheddable")
 CLIENT_KEYS = frozenset({SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION})
 INTERNAL_KEYS = frozenset({ORIGIN, ATTEMPT, TENANT, PREFIX_BLOCKS})
 # Passed through to the tier below (and on to the GPU) when present.
@@ -65,7 +65,7 @@ class RouteHints:
     origin: GeoPoint | None
     client_region: str | None
     session: str | None
-    priority: str
+    priority: Priority
     attempt: int
     passed_down: tuple[tuple[str, str], ...]
     tenant: str = ""
@@ -134,10 +134,11 @@ def parse_hints(metadata: Metadata | None, *, trust_internal: bool) -> RouteHint
         origin = _geo(ORIGIN, values[ORIGIN])
     elif CLIENT_GEO in values:
         origin = _geo(CLIENT_GEO, values[CLIENT_GEO])
-    priority = values.get(PRIORITY, "standard")
-    if priority not in PRIORITIES:
+    asked = values.get(PRIORITY, "standard")
+    priority = Priority.parse(asked)
+    if priority is None:
         raise RouteError.invalid(
-            f"metadata '{PRIORITY}' must be one of {', '.join(PRIORITIES)}; got {priority!r}"
+            f"metadata '{PRIORITY}' must be one of {', '.join(PRIORITY_NAMES)}; got {asked!r}"
         )
     attempt = 0
     if trust_internal and ATTEMPT in values:

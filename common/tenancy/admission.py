@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import grpc
 
-from common.config.access import AuthConfig, TenantConfig
+from common.config.access import ANONYMOUS, AuthConfig, TenantConfig
 from common.request.call import CallRecord
 from common.request.pick import PickRequest
 from common.request.routing import RouteHints
-from common.tenancy.auth import ANONYMOUS, Authenticator, asked_priority
+from common.tenancy.auth import Authenticator, asked_priority
 from common.tenancy.quota import ConcurrencyCaps, TenantRateLimiter
 from common.tenancy.usage import UsageRecord, UsageRecorder
 

@@ -20,11 +20,10 @@ import secrets
 import grpc
 
 from common.basics.errors import RouteError
-from common.config.access import PRIORITY_ORDER, AuthConfig, TenantConfig
+from common.config.access import ANONYMOUS, AuthConfig, TenantConfig
 from common.request.routing import PRIORITY, RouteHints
 
 AUTHORIZATION = "authorization"
-ANONYMOUS = TenantConfig(id="anonymous", key_hashes=frozenset())
 KEY_PREFIX = "mk_"
 
 
@@ -86,7 +85,7 @@ class Authenticator:
         """Hints as this tenant may have them; PERMISSION_DENIED for what it may not."""
         priority = hints.priority
         ceiling = tenant.priority_ceiling
-        if PRIORITY_ORDER.index(priority) < PRIORITY_ORDER.index(ceiling):
+        if priority.rank < ceiling.rank:
             if asked_priority and tenant is not ANONYMOUS:
                 raise RouteError(
                     grpc.StatusCode.PERMISSION_DENIED,

@@ -32,6 +32,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import NoScriptError, RedisError
 
+from common.basics.backoff import Backoff
 from common.basics.errors import RouteError
 from common.config.access import TenantConfig
 
@@ -198,6 +199,8 @@ class TenantRateLimiter:
         )
         self.degraded = False
         self.outages = 0  # times this replica fell back (for metrics and tests)
+        # Re-trying Redis while degraded: RETRY_MIN_S doubling to RETRY_MAX_S.
+        self._backoff = Backoff(RETRY_MIN_S, RETRY_MAX_S)
         self._backoff_s = 0.0
         self._retry_at = 0.0
         self._local: dict[str, float] = {}
@@ -264,7 +267,8 @@ class TenantRateLimiter:
         if not self.degraded:
             self.degraded = True
             self.outages += 1
-            self._backoff_s = RETRY_MIN_S
+            self._backoff.reset()
+            self._backoff_s = self._backoff.next_s()
             log.warning(
                 "quota: redis unavailable (%s); limiting in process at 1/%d of each tenant's "
                 "limit, re-trying redis with back-off",
@@ -272,13 +276,14 @@ class TenantRateLimiter:
                 self.replicas,
             )
         else:
-            self._backoff_s = min(RETRY_MAX_S, self._backoff_s * 2)
+            self._backoff_s = self._backoff.next_s()
         self._retry_at = self.clock() + self._backoff_s
 
     def _redis_ok(self) -> None:
         if self.degraded:
             log.info("quota: redis is back; tenant limits are shared again")
             self.degraded = False
+            self._backoff.reset()
             self._backoff_s = 0.0
             self._local.clear()
 

@@ -29,7 +29,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from common.capacity.streams import Backoff
+from common.capacity.streams import redis_backoff
 
 log = logging.getLogger(__name__)
 
@@ -210,7 +210,7 @@ class UsageRecorder:
         self._buffer.extendleft(reversed(batch))
 
     async def _run(self) -> None:
-        backoff = Backoff(f"usage recorder {self.stream}")
+        backoff = redis_backoff(f"usage recorder {self.stream}")
         while True:
             if len(self._buffer) < self.batch_size:
                 self._wake.clear()

@@ -19,13 +19,8 @@ from common.config.node import Endpoint
 from common.config.topology import topology_from_mapping
 from common.observability import tracing as tm
 from common.observability.tier_metrics import TierMetrics
-from common.operations.fleet_view import (
-    Fetched,
-    FleetView,
-    merge_fleet,
-    ops_targets,
-    reachable_address,
-)
+from common.operations.fleet_merge import Fetched, merge_fleet
+from common.operations.fleet_view import FleetView, ops_targets, reachable_address
 from common.operations.ops_http import OpsServer
 from common.request.children import ChildSet
 from tests.common.observability.test_trace_view import span

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from cli.launcher import DEMO_FLEET
 from common.basics.errors import RouteError
+from common.basics.vocabulary import PRIORITY_NAMES
 from common.config.access import Limits
 from common.config.node import ConfigError, Endpoint
 from common.config.topology import topology_from_mapping
@@ -32,7 +33,6 @@ from common.request.routing import (
     INTERNAL_KEYS,
     LOAD,
     ORIGIN,
-    PRIORITIES,
     PRIORITY,
     ROUTE,
     SESSION,
@@ -620,7 +620,7 @@ PLAIN_KEYS = st.text(_KEY_CHARS, min_size=1, max_size=12).filter(
 GOOD_ENTRIES = st.one_of(
     st.tuples(st.just(CLIENT_GEO), st.sampled_from(["53.35,-6.26", "1.35,103.82", "-90,180"])),
     st.tuples(st.just(CLIENT_REGION), st.just("us-east")),
-    st.tuples(st.just(PRIORITY), st.sampled_from(PRIORITIES)),
+    st.tuples(st.just(PRIORITY), st.sampled_from(PRIORITY_NAMES)),
     st.tuples(st.just(SESSION), PRINTABLE),
     st.tuples(st.sampled_from(sorted(INTERNAL_KEYS)), st.one_of(PRINTABLE, st.just("00" * 8))),
     st.tuples(st.sampled_from(["traceparent", "tracestate", "authorization"]), PRINTABLE),

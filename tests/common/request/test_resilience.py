@@ -1,5 +1,4 @@
 import math
-import random
 
 import pytest
 
@@ -12,7 +11,6 @@ from common.request.resilience import (
     RetryBudgetConfig,
     SlowStart,
     SlowStartConfig,
-    backoff_delay_s,
 )
 
 
@@ -307,53 +305,6 @@ def test_retry_budget_underflow_asserts() -> None:
 def test_retry_budget_config_rejects(field: str, value: float) -> None:
     with pytest.raises(ValueError, match=field):
         RetryBudgetConfig(**{field: value})  # type: ignore[arg-type]
-
-
-# --- back-off -----------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize(
-    ("attempt", "cap_s"),
-    [(1, 0.025), (2, 0.05), (3, 0.1), (4, 0.2), (5, 0.25), (6, 0.25), (10_000, 0.25)],
-    ids=["first-retry-25ms", "50ms", "100ms", "200ms", "capped-250ms", "still-250ms", "huge"],
-)
-def test_backoff_upper_bound(attempt: int, cap_s: float) -> None:
-    rng = random.Random(7)
-    samples = [backoff_delay_s(attempt, rng) for _ in range(2000)]
-    assert all(0.0 <= s < cap_s for s in samples)
-    assert max(samples) > 0.99 * cap_s  # fully jittered: the whole window is used
-    assert min(samples) < 0.01 * cap_s
-
-
-def test_backoff_grows_with_attempt() -> None:
-    rng = random.Random(11)
-    means = [sum(backoff_delay_s(a, rng) for _ in range(2000)) / 2000 for a in range(1, 6)]
-    assert means == sorted(means)
-    assert means[-1] > 4 * means[0]
-
-
-def test_backoff_is_deterministic_for_a_seeded_rng() -> None:
-    first = [backoff_delay_s(a, random.Random(3)) for a in range(1, 8)]
-    again = [backoff_delay_s(a, random.Random(3)) for a in range(1, 8)]
-    assert first == again
-
-
-def test_backoff_honours_custom_base_and_max() -> None:
-    rng = random.Random(5)
-    assert all(backoff_delay_s(3, rng, base_s=1.0, max_s=2.0) < 2.0 for _ in range(100))
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "name"),
-    [
-        ({"attempt": 0}, "attempt"),
-        ({"attempt": 1, "base_s": 0.0}, "base_s"),
-        ({"attempt": 1, "base_s": 0.5, "max_s": 0.1}, "max_s"),
-    ],
-)
-def test_backoff_rejects(kwargs: dict[str, float], name: str) -> None:
-    with pytest.raises(ValueError, match=name):
-        backoff_delay_s(rng=random.Random(0), **kwargs)  # type: ignore[arg-type]
 
 
 # --- slow start ---------------------------------------------------------------------------

@@ -1,0 +1,141 @@
+"""Health of one endpoint over its gRPC channel: grpc.health.v1 and V2 readiness.
+
+Every tier watches the health of what it routes to, in one of two ways, both here:
+
+- ``watch(report)``: follow grpc.health.v1 ``Watch`` (a push: a child that stops
+  serving, or whose process dies and breaks the stream, is reported at once);
+  a broken stream is re-opened with the shared back-off (0.1 s doubling to 1 s).
+  The regional and global tiers watch their children so.
+- ``check_gpu(models, timeout_s)``: one poll, grpc.health.v1 ``Check`` of the V2
+  service (the server-wide ``""`` when the server does not know that name), then
+  V2 ``ModelReady`` for every model, all within one timeout. The local tier's
+  ``BackendMonitor`` polls its GPUs so, on a jittered interval.
+
+``server_ready(timeout_s)`` is the V2 ``ServerReady`` probe a tier sends a child
+that is down (a watch reports only changes). Results are ``(healthy, reason)``;
+the reason says what failed and is what operators see as the last error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from common.basics.backoff import Backoff
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.request.server import V2_SERVICE
+
+# Called with (healthy, reason) on every health report of a watch.
+Report = Callable[[bool, str], None]
+
+# A broken health watch is re-opened after 0.1 s, doubling to 1 s.
+WATCH_RETRY_MIN_S = 0.1
+WATCH_RETRY_MAX_S = 1.0
+
+_SERVING = health_pb2.HealthCheckResponse.SERVING
+
+
+class HealthChecker:
+    """The health of one endpoint, over a channel its owner opened and closes.
+
+    Holds no state between calls but the stubs: what a report means (mark a
+    child down, drop a GPU from the free pools) is the caller's.
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, service: str = V2_SERVICE) -> None:
+        self.service = service
+        self.health = health_pb2_grpc.HealthStub(channel)
+        self.v2 = pb_grpc.GRPCInferenceServiceStub(channel)
+
+    async def watch(self, report: Report) -> None:
+        """Follow ``Watch`` until cancelled, reporting every status it streams and every
+        break; returns when the endpoint has no health service (UNIMPLEMENTED).
+
+        The back-off resets whenever a status arrives. Cancel it with
+        ``common.basics.tasks.cancel_and_wait``: grpc may turn a cancellation into
+        an ``AioRpcError(CANCELLED)``, which this loop takes for a broken stream."""
+        request = health_pb2.HealthCheckRequest(service=self.service)
+        backoff = Backoff(WATCH_RETRY_MIN_S, WATCH_RETRY_MAX_S)
+        while True:
+            try:
+                async for reply in self.health.Watch(request):
+                    backoff.reset()
+                    if reply.status == _SERVING:
+                        report(True, "health: serving")
+                    else:
+                        report(False, "health: not serving")
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
+                    return
+                report(False, f"health: {exc.code().name}: {exc.details()}")
+            await asyncio.sleep(backoff.next_s())
+
+    async def server_ready(self, timeout_s: float) -> tuple[bool, str]:
+        """V2 ``ServerReady``: ``(True, "")`` when it says ready."""
+        try:
+            reply = await self.v2.ServerReady(pb.ServerReadyRequest(), timeout=timeout_s)
+        except grpc.aio.AioRpcError as exc:
+            return False, f"probe: {exc.code().name}: {exc.details()}"
+        if reply.ready:
+            return True, ""
+        return False, "probe: ServerReady says not ready"
+
+    async def check_gpu(
+        self, models: Iterable[str], timeout_s: float
+    ) -> tuple[bool, str, frozenset[str]]:
+        """``(healthy, reason, ready models)`` of a GPU server, all within ``timeout_s``:
+        healthy only if SERVING with at least one of ``models`` ready."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+
+        def remaining() -> float:
+            return max(0.0, deadline - loop.time())
+
+        serving, reason = await self._check(remaining)
+        if not serving:
+            return False, reason, frozenset()
+        return await self._models_ready(sorted(models), remaining)
+
+    async def _check(self, remaining: Callable[[], float]) -> tuple[bool, str]:
+        """grpc.health.v1 ``Check`` of the service, or server-wide when it is unknown."""
+        try:
+            try:
+                reply = await self.health.Check(
+                    health_pb2.HealthCheckRequest(service=self.service), timeout=remaining()
+                )
+            except grpc.aio.AioRpcError as exc:
+                if exc.code() != grpc.StatusCode.NOT_FOUND:
+                    raise
+                reply = await self.health.Check(
+                    health_pb2.HealthCheckRequest(service=""), timeout=remaining()
+                )
+        except grpc.aio.AioRpcError as exc:
+            return False, f"health check: {exc.code().name}: {exc.details()}"
+        if reply.status != _SERVING:
+            status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+            return False, f"health check: {status}"
+        return True, "SERVING"
+
+    async def _models_ready(
+        self, models: list[str], remaining: Callable[[], float]
+    ) -> tuple[bool, str, frozenset[str]]:
+        async def model_ready(model: str) -> str | None:
+            """None when ready, else why not."""
+            try:
+                answer = await self.v2.ModelReady(
+                    pb.ModelReadyRequest(name=model), timeout=remaining()
+                )
+            except grpc.aio.AioRpcError as exc:
+                return f"{model}: {exc.code().name}"
+            return None if answer.ready else f"{model}: not ready"
+
+        errors = await asyncio.gather(*(model_ready(m) for m in models))
+        ready = frozenset(m for m, err in zip(models, errors, strict=True) if err is None)
+        if not ready:
+            why = "; ".join(e for e in errors if e) or "no models configured"
+            return False, f"SERVING but no model ready ({why})", ready
+        return True, f"SERVING, {len(ready)}/{len(models)} models ready", ready
