@@ -103,6 +103,9 @@ LEAK_POLL_S = 0.05
 # process: the first test to touch the library starts them, and no test can stop them.
 # Matched against the whole thread name; a thread must also be a daemon to be let off.
 PROCESS_LIFETIME_THREADS: dict[str, str] = {
+    # grpc.aio's poller: one per process, started by the first aio channel or server and
+    # stopped only when the last of them is deallocated (grpc's refcount, at GC's pleasure).
+    r"Thread-\d+ \(_poll_wrapper\)": "grpc.aio PollerCompletionQueue",
 }
 _LIFETIME_THREAD = re.compile("|".join(f"(?:{p})" for p in PROCESS_LIFETIME_THREADS) or "(?!)")
 
