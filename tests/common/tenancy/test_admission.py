@@ -263,10 +263,10 @@ async def test_uncapped_and_unknown_tenants_are_not_counted() -> None:
 def records_with(redis_server: EmbeddedRedis, trace_id: str) -> list[UsageRecord]:
     client = redis.Redis.from_url(redis_server.url)
     try:
-        entries = client.xrange(USAGE_STREAM)
+        entries: list[tuple[bytes, dict[bytes, bytes]]] = client.xrange(USAGE_STREAM)  # type: ignore[assignment]
     finally:
         client.close()
-    found = [UsageRecord.from_fields(fields) for _, fields in entries]  # type: ignore[union-attr]
+    found = [UsageRecord.from_fields(fields) for _, fields in entries]
     return [r for r in found if r.trace_id == trace_id]
 
 
