@@ -226,3 +226,40 @@ def test_two(server):
 """,
     )
     result.assert_outcomes(passed=2)
+
+
+def test_restarting_a_session_fixtures_process_is_not_a_leak(
+    pytester: pytest.Pytester, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Like a test that kills one tier of a module's fleet and restarts it; a child
+    with another command line started alongside is still a leak."""
+    result = run_inner(
+        pytester,
+        monkeypatch,
+        """
+import subprocess
+
+from conftest import LEFT
+
+
+def setup_module():
+    LEFT.append(subprocess.Popen(["sleep", "30"]))
+
+
+def test_restarts_it():
+    LEFT[0].kill()
+    LEFT[0].wait()
+    LEFT.append(subprocess.Popen(["sleep", "30"]))
+
+
+def test_restarts_it_and_starts_another():
+    LEFT[-1].kill()
+    LEFT[-1].wait()
+    LEFT.append(subprocess.Popen(["sleep", "30"]))
+    LEFT.append(subprocess.Popen(["sleep", "31"]))
+""",
+    )
+    result.assert_outcomes(passed=2, errors=1)
+    result.stdout.fnmatch_lines(
+        ["*test_restarts_it_and_starts_another left behind*", "*child process [0-9]*: sleep 31*"]
+    )
