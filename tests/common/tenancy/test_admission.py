@@ -3,6 +3,7 @@ real embedded Redis."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -14,6 +15,7 @@ import redis
 from common.basics.errors import RETRY_AFTER_MS, RouteError
 from common.basics.redis_embed import EmbeddedRedis
 from common.config.access import AuthConfig, TenantConfig
+from common.request.call import CallRecord
 from common.request.pick import PickRequest
 from common.request.routing import TENANT, RouteHints, parse_hints
 from common.tenancy.admission import Admission, edge_admission, inner_admission
@@ -270,6 +272,30 @@ def records_with(redis_server: EmbeddedRedis, trace_id: str) -> list[UsageRecord
     return [r for r in found if r.trace_id == trace_id]
 
 
+def end_call(
+    admission: Admission,
+    hints: RouteHints | None,
+    pick_made: PickRequest | None,
+    model: str,
+    route: str,
+    code: grpc.StatusCode,
+    started: float,
+    *,
+    completion_tokens: int,
+    trace_id: str,
+) -> None:
+    """Tell ``admission`` (as the call interceptor would) that a call ended; the trace id
+    travels as the caller's ``traceparent``."""
+    if hints is not None:
+        parent = ("traceparent", f"00-{trace_id}-{'0' * 15}1-01")
+        hints = dataclasses.replace(hints, passed_down=(*hints.passed_down, parent))
+    call = CallRecord("ModelInfer", (), started, hints=hints, model=model, route=route)
+    call.prompt_tokens = pick_made.prompt_tokens if pick_made is not None else 0
+    call.completion_tokens = completion_tokens
+    call.code = code
+    admission.call_ended(call)
+
+
 async def test_record_writes_exactly_one_usage_record(
     edges: EdgeFactory, redis_server: EmbeddedRedis
 ) -> None:
@@ -280,7 +306,8 @@ async def test_record_writes_exactly_one_usage_record(
     trace_id = uuid.uuid4().hex
     started = time.monotonic() - 0.25
     before_ms = int(time.time() * 1000)
-    admission.record(
+    end_call(
+        admission,
         hints,
         pick(prompt_tokens=12, max_tokens=30),
         "demo-llm",
@@ -307,7 +334,8 @@ async def test_record_of_a_failure_costs_no_gpu_time_and_names_the_status(
     admission = edges(enabled=False)
     await admission.start()
     trace_id = uuid.uuid4().hex
-    admission.record(
+    end_call(
+        admission,
         edge_hints([]),
         None,  # refused before a pick was made
         "demo-llm",
@@ -330,7 +358,8 @@ async def test_record_of_a_partial_route(edges: EdgeFactory, redis_server: Embed
     admission = edges(enabled=False)
     await admission.start()
     trace_id = uuid.uuid4().hex
-    admission.record(
+    end_call(
+        admission,
         edge_hints([]), pick(), "demo-llm", "us-east", grpc.StatusCode.DEADLINE_EXCEEDED,
         time.monotonic(), completion_tokens=0, trace_id=trace_id,
     )  # fmt: skip
@@ -344,7 +373,8 @@ async def test_inner_tiers_record_nothing(redis_server: EmbeddedRedis) -> None:
     admission = inner_admission(AuthConfig())
     await admission.start()
     trace_id = uuid.uuid4().hex
-    admission.record(
+    end_call(
+        admission,
         inner_hints("acme"), pick(), "demo-llm", "eu-west", grpc.StatusCode.OK,
         time.monotonic(), completion_tokens=1, trace_id=trace_id,
     )  # fmt: skip

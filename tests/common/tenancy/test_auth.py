@@ -8,6 +8,7 @@ import grpc
 import pytest
 
 from common.basics.errors import RouteError
+from common.basics.vocabulary import Priority
 from common.config.access import AuthConfig, TenantConfig
 from common.request.routing import CLIENT_REGION, PRIORITY, RouteHints, parse_hints
 from common.tenancy.auth import (
@@ -29,10 +30,10 @@ ACME = TenantConfig(id="acme", key_hashes=frozenset({hash_key(ACME_KEY)}))
 GLOBEX = TenantConfig(
     id="globex",
     key_hashes=frozenset({hash_key(GLOBEX_KEY)}),
-    priority_ceiling="sheddable",
+    priority_ceiling=Priority.SHEDDABLE,
     allowed_regions=frozenset({"eu-west"}),
 )
-CRITICAL = TenantConfig(id="vip", key_hashes=frozenset(), priority_ceiling="critical")
+CRITICAL = TenantConfig(id="vip", key_hashes=frozenset(), priority_ceiling=Priority.CRITICAL)
 
 Metadata = list[tuple[str, str]]
 
