@@ -56,7 +56,8 @@ from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.routing import PRIORITY, TENANT
 from common.request.v2 import generate_request
 from common.tier.server import TierServer
-from local_lb.queue import CentralQueue, QueuedRequest
+from local_lb.queue import CentralQueue
+from local_lb.queue_entries import QueuedRequest
 from local_lb.server import build_local_tier
 from sim.engine import DECODE_STEP_BASE_S, DECODE_STEP_PER_SEQ_S, PREFILL_S_PER_TOKEN
 from sim.topology import one_zone_mapping

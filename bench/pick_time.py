@@ -24,11 +24,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from bench.report import machine
+from common.basics.vocabulary import Priority
 from common.config.node import Endpoint
 from common.config.topology import HARDWARE_SPEED
 from common.request.pick import PickRequest
 from common.request.prefix import BLOCK_TOKENS
-from local_lb.load import LoadSample
+from local_lb.load_book import LoadSample
 from local_lb.policies import make_picker
 from local_lb.state import GpuChild, LocalView
 
@@ -101,7 +102,7 @@ def traffic(rng: random.Random, count: int) -> list[PickRequest]:
                 version="",
                 origin=None,
                 session=session,
-                priority="standard",
+                priority=Priority.STANDARD,
                 prompt_tokens=prompt,
                 max_tokens=rng.choice((64, 128, 256, 512)),
                 prefix_blocks=(*system, *user),

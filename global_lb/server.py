@@ -11,7 +11,8 @@ from common.config.tls import tier_server_credentials
 from common.config.topology import Topology
 from common.observability.tracing import Telemetry, setup_tracing
 from common.operations.admin import upper_tier_admin
-from common.operations.fleet_view import FleetView, install_fleet_view
+from common.operations.fleet_view import FleetView
+from common.operations.ops_http import OpsAdditions
 from common.request.balancer import RankingBalancer
 from common.request.children import Child
 from common.request.forwarding import ForwardingPolicy
@@ -75,17 +76,18 @@ def build_global_tier(
         rtt_ms=topology.rtt_ms,
         failback=SlowStartConfig(window_s=topology.failback_window_s),
     )
-    fleet_view: list[FleetView] = []
+    # The global's ops HTTP also answers for the whole fleet and serves the dashboard.
+    fleet_view = FleetView(topology) if topology.global_tier.ops is not None else None
     origin = ClientOrigin(topology)
 
     def follow(new: Topology) -> None:
         reader.follow({region_stream(r.name): r.name for r in new.regions})
         picker.follow_rtt(new.rtt_ms)
         origin.follow(new)
-        for view in fleet_view:  # the dashboard shows the fleet the new file names
-            view.follow(new)
+        if fleet_view is not None:  # the dashboard shows the fleet the new file names
+            fleet_view.follow(new)
 
-    tier = TierServer(
+    return TierServer(
         TierSpec(tier="global", trust_internal=False, resolve_origin=origin),
         ForwardingPolicy(kind="region"),
         regions,
@@ -96,6 +98,7 @@ def build_global_tier(
         admission=edge_admission(topology.auth, topology.redis_url),
         limits=topology.limits,
         ops=topology.global_tier.ops,
+        ops_additions=OpsAdditions(extensions=(fleet_view,) if fleet_view else ()),
         name="global",
         tenants=topology.auth.tenant_ids,
         telemetry=telemetry or setup_tracing("meridian-global"),
@@ -111,8 +114,3 @@ def build_global_tier(
             guard=AdminGuard(topology.auth),
         ),
     )
-    # The global's ops HTTP also answers for the whole fleet and serves the dashboard.
-    view = install_fleet_view(topology, tier.ops_server)
-    if view is not None:
-        fleet_view.append(view)
-    return tier

@@ -40,14 +40,8 @@ from local_lb.cost import drain_rps, gpu_completion_s, outstanding_work, request
 from local_lb.handoff import QueueHandOff
 from local_lb.learning import RateLearner
 from local_lb.publication import UtilisationBands
-from local_lb.queue import (
-    CentralQueue,
-    QueueFull,
-    QueueRejected,
-    QueueTimeout,
-    QueueUnserved,
-    queue_key,
-)
+from local_lb.queue import CentralQueue
+from local_lb.queue_entries import QueueFull, QueueRejected, QueueTimeout, QueueUnserved, queue_key
 from local_lb.resilience import GpuResilience
 from local_lb.slots import SlotLedger
 from local_lb.state import GpuChild, LocalView

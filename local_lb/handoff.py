@@ -6,7 +6,8 @@ import time
 from collections.abc import Callable, Mapping
 
 from common.request.children import ChildSet
-from local_lb.queue import CentralQueue, split_key
+from local_lb.queue import CentralQueue
+from local_lb.queue_entries import split_key
 from local_lb.slots import SlotLedger
 from local_lb.state import GpuChild, LocalView
 

@@ -5,7 +5,7 @@ GPU's Prometheus endpoint into the ``LoadBook`` (``local_lb.load_book``, which
 the proxy also feeds from the ``x-meridian-load`` trailer) and checks its
 health through ``common.request.health.HealthChecker`` (grpc.health.v1 plus V2
 ModelReady), handing every result to a callback; the caller decides what a
-transition means. The book, its samples and parsers are re-exported here.
+transition means.
 """
 
 from __future__ import annotations
@@ -26,26 +26,11 @@ from common.config.topology import GpuConfig
 from common.request.health import HealthChecker
 from common.request.server import CHANNEL_OPTIONS
 from local_lb.load_book import (
-    LOAD_TRAILER,
     Load,
     LoadBook,
     LoadSample,
-    parse_load_trailer,
     parse_prometheus_load,
 )
-
-__all__ = [
-    "LOAD_TRAILER",
-    "BackendMonitor",
-    "HealthCallback",
-    "Load",
-    "LoadBook",
-    "LoadSample",
-    "MonitoredGpu",
-    "jittered",
-    "parse_load_trailer",
-    "parse_prometheus_load",
-]
 
 log = logging.getLogger(__name__)
 

@@ -39,10 +39,16 @@ POLICIES: Mapping[str, PickerFactory] = {
 }
 
 
-def make_picker(name: str, view: LocalView, rng: random.Random) -> Picker:
-    """The picker for policy ``name``; ValueError naming it and the known ones."""
+def picker_factory(name: str, rng: random.Random) -> Callable[[LocalView], Picker]:
+    """Builds the picker of policy ``name`` over a view (a balancer rebuilds it when its
+    GPU set changes); ValueError naming it and the known ones, at once."""
     factory = POLICIES.get(name)
     if factory is None:
         known = ", ".join(sorted(POLICIES))
         raise ValueError(f"unknown local policy {name!r}; known policies: {known}")
-    return factory(view, rng)
+    return lambda view: factory(view, rng)
+
+
+def make_picker(name: str, view: LocalView, rng: random.Random) -> Picker:
+    """The picker for policy ``name``; ValueError naming it and the known ones."""
+    return picker_factory(name, rng)(view)

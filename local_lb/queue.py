@@ -26,27 +26,13 @@ from common.basics.vocabulary import PRIORITY_NAMES, Priority
 from local_lb.queue_entries import (
     Lane,
     QueuedRequest,
-    QueueError,
     QueueFull,
     QueueRejected,
     QueueTimeout,
     QueueUnserved,
-    queue_key,
     split_key,
 )
 from local_lb.vtc import TenantWeights, VirtualTokenCounters
-
-__all__ = [
-    "CentralQueue",
-    "QueueError",
-    "QueueFull",
-    "QueueRejected",
-    "QueueTimeout",
-    "QueueUnserved",
-    "QueuedRequest",
-    "queue_key",
-    "split_key",
-]
 
 
 class CentralQueue:

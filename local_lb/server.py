@@ -30,7 +30,7 @@ from local_lb.admin import LocalAdmin, local_admin
 from local_lb.balancer import LocalBalancer
 from local_lb.cost import drain_rps
 from local_lb.load import BackendMonitor, MonitoredGpu
-from local_lb.policies import make_picker
+from local_lb.policies import picker_factory
 from local_lb.publication import LateBoundCallback
 from local_lb.queue import CentralQueue
 from local_lb.state import GpuChild, LocalView
@@ -135,12 +135,12 @@ def local_balancer(
     known ones when there is none of that name)."""
     rng = random.Random()
     try:
-        make_picker(policy, view, rng)  # an unknown policy fails at start, naming the known
+        make = picker_factory(policy, rng)
     except ValueError as exc:
         raise ConfigError(f"--policy: {exc}") from None
     return LocalBalancer(
         view=view,
-        picker_factory=lambda v: make_picker(policy, v, rng),
+        picker_factory=make,
         children=children,
         slow_start_config=SlowStartConfig(window_s=topology.slow_start_window_s),
         tenant_headroom=topology.tenant_headroom,

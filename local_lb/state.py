@@ -14,7 +14,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.request.children import Child
-from local_lb.load import LoadBook
+from local_lb.load_book import LoadBook
 
 
 @dataclass(eq=False)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from common.basics.vocabulary import Priority
 from common.config.node import Endpoint
 from common.request.pick import PickRequest
 from local_lb.cost import ewma, rate_sample, request_work
@@ -90,7 +91,9 @@ def simulate(
     now, sent, next_arrival = 0.0, 0, rng.expovariate(arrival_rate)
     for _ in range(2_000_000):  # bounded: stops long before in any sane setting
         while sent < requests and next_arrival <= now:
-            pick = PickRequest(MODEL, "", None, None, "standard", 0, rng.randint(*max_tokens))
+            pick = PickRequest(
+                MODEL, "", None, None, Priority.STANDARD, 0, rng.randint(*max_tokens)
+            )
             waiting.append((now, pick))
             sent += 1
             next_arrival += rng.expovariate(arrival_rate)

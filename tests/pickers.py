@@ -3,6 +3,7 @@
 from typing import Any
 
 from common.basics.geo import GeoPoint
+from common.basics.vocabulary import Priority
 from common.config.node import Endpoint
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.children import Child
@@ -62,7 +63,7 @@ def request(
         version="",
         origin=origin,
         session=None,
-        priority="standard",
+        priority=Priority.STANDARD,
         prompt_tokens=tokens,
         max_tokens=tokens,
         client_region=client_region,

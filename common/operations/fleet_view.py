@@ -80,18 +80,19 @@ def ops_targets(topology: Topology) -> list[OpsTarget]:
 
 
 class FleetView:
-    """The global ops server's fleet endpoints; ``install(app)`` adds the routes."""
+    """The global ops server's fleet endpoints: an extension of its ``OpsServer``, which
+    hands itself over when it builds its app (``install``), so the fleet view reads the
+    global tier's own state and traces from it."""
 
     def __init__(
         self,
         topology: Topology,
-        ops: OpsServer,
         *,
         timeout_s: float = 0.8,
         max_age_s: float = 0.5,
     ) -> None:
         self.topology = topology
-        self.ops = ops
+        self.ops: OpsServer | None = None
         self.targets = ops_targets(topology)
         self.timeout = aiohttp.ClientTimeout(total=timeout_s)
         self.max_age_s = max_age_s
@@ -105,7 +106,8 @@ class FleetView:
         self.topology = topology
         self.targets = ops_targets(topology)
 
-    def install(self, app: web.Application) -> None:
+    def install(self, app: web.Application, ops: OpsServer) -> None:
+        self.ops = ops
         app.router.add_get("/", self._page)
         app.router.add_get("/dashboard", self._page)
         app.router.add_get("/api/fleet", self._fleet)
@@ -164,11 +166,13 @@ class FleetView:
             *(self._get(t, "/api/state", "children") for t in self.targets)
         )
         fetched = {t.label: a for t, a in zip(self.targets, answers, strict=True)}
+        assert self.ops is not None, "installed on an ops server"
         return merge_fleet(self.topology, self.ops.state(), fetched)
 
     async def traces(self, limit: int) -> dict[str, Any]:
         # Only traces whose global server span has ended: it ends last, so the request
         # is over and every tier below has its spans in its ring.
+        assert self.ops is not None, "installed on an ops server"
         own = self.ops.traces(2 * limit)
         own["traces"] = [t for t in own["traces"] if any(_is_global(s) for s in t["spans"])][:limit]
         ids = [t["trace_id"] for t in own["traces"]]
@@ -215,11 +219,3 @@ class FleetView:
 def _is_global(span: Mapping[str, Any]) -> bool:
     return bool(span.get("attributes", {}).get(tm.TIER) == "global")
 
-
-def install_fleet_view(topology: Topology, ops: OpsServer | None) -> FleetView | None:
-    """Serve the fleet endpoints and the dashboard on ``ops`` (the global's), if any."""
-    if ops is None:
-        return None
-    view = FleetView(topology, ops)
-    ops.extensions.append(view.install)
-    return view

@@ -22,7 +22,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from aiohttp import web
 from google.protobuf.json_format import MessageToDict
@@ -44,14 +44,22 @@ UNKNOWN_LABEL = "-"
 ChildDetails = Callable[[Child], dict[str, Any]]
 
 
+class OpsExtension(Protocol):
+    """Routes a tier adds to its ops HTTP (the global's fleet view and dashboard)."""
+
+    def install(self, app: web.Application, ops: OpsServer) -> None: ...
+
+
 @dataclass(frozen=True)
 class OpsAdditions:
     """What a tier adds to the ops surface: metric families (each called with the
-    tier's ``TierMetrics``), per-child details and tier-wide state in /api/state."""
+    tier's ``TierMetrics``), per-child details and tier-wide state in /api/state,
+    and routes (``extensions``)."""
 
     metrics: Sequence[Callable[[TierMetrics], None]] = ()
     child_details: ChildDetails | None = None
     extra_state: Callable[[], dict[str, Any]] | None = None
+    extensions: Sequence[OpsExtension] = ()
 
 
 def child_state(
@@ -113,6 +121,7 @@ class OpsServer:
         recent: RecentSpans | None = None,
         child_details: ChildDetails | None = None,
         extra_state: Callable[[], dict[str, Any]] | None = None,
+        extensions: Sequence[OpsExtension] = (),
     ) -> None:
         self.endpoint = endpoint
         self.name = name
@@ -125,11 +134,11 @@ class OpsServer:
         self.recent = recent
         self.series = RequestSeries(metrics.requests, metrics.duration)
         self._sampler = Ticker(self.series.sample, 1.0)
-        # What a tier adds: per-child and tier-wide state, and routes (each called with
-        # the app when it is built: the global's fleet view registers there).
+        # What a tier adds: per-child and tier-wide state, and routes (installed on
+        # the app when it is built).
         self.child_details = child_details
         self.extra_state = extra_state
-        self.extensions: list[Callable[[web.Application], None]] = []
+        self.extensions = tuple(extensions)
         self._runner: web.AppRunner | None = None
 
     @property
@@ -144,8 +153,8 @@ class OpsServer:
         app.router.add_get("/metrics", self._metrics)
         app.router.add_get("/api/traces", self._traces)
         app.router.add_get("/api/series", self._series)
-        for extend in self.extensions:
-            extend(app)
+        for extension in self.extensions:
+            extension.install(app, self)
         return app
 
     async def start(self) -> None:

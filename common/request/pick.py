@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from common.basics.geo import GeoPoint
+from common.basics.vocabulary import Priority
 from common.request.children import Child
 
 
@@ -18,7 +19,7 @@ class PickRequest:
     version: str
     origin: GeoPoint | None
     session: str | None
-    priority: str
+    priority: Priority
     prompt_tokens: int = 0
     max_tokens: int = 0
     tenant: str = ""

@@ -20,6 +20,7 @@ import grpc
 
 from common.basics.errors import RouteError
 from common.basics.geo import GeoPoint
+from common.basics.vocabulary import Priority
 from common.capacity.summary import CAPACITY_HINT
 from common.config.access import Limits
 from common.gen.inference import grpc_service_pb2 as pb
@@ -31,7 +32,7 @@ from common.request.forwarding import Forwarder, UnaryAttempt
 from common.request.pick import PickRequest
 from common.request.prefix import MAX_CARRIED_BLOCKS, prompt_block_hashes
 from common.request.routing import RouteHints, parse_hints
-from common.request.streaming import Release, StreamRelay
+from common.request.streaming import Release, StreamRelay, no_release
 from common.request.v2 import MAX_NAME_CHARS, GenerateRequest, parse_generate
 
 VERSION = "0.1.0"
@@ -56,10 +57,6 @@ class Gate(Protocol):
     async def admit(self, hints: RouteHints, pick: PickRequest) -> Release: ...
 
 
-def _nothing() -> None:
-    return None
-
-
 class OpenGate:
     """Everyone is the anonymous tenant and every request is admitted."""
 
@@ -67,7 +64,7 @@ class OpenGate:
         return hints
 
     async def admit(self, hints: RouteHints, pick: PickRequest) -> Release:
-        return _nothing
+        return no_release
 
 
 class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
@@ -109,7 +106,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelReady(
         self, request: pb.ModelReadyRequest, context: Any
     ) -> pb.ModelReadyResponse:
-        pick = PickRequest(request.name, request.version, None, None, "standard")
+        pick = PickRequest(request.name, request.version, None, None, Priority.STANDARD)
         return pb.ModelReadyResponse(
             ready=request.name in self.models and bool(self.balancer.ranked(pick))
         )

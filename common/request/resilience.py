@@ -2,7 +2,7 @@
 
 Outlier ejection (consecutive failures), a pending-request circuit breaker, a retry budget
 and slow start (the fully-jittered retry back-off, ``backoff_delay_s``, lives in
-``common.basics.backoff`` and is re-exported here). Everything here is pure and synchronous:
+``common.basics.backoff``). Everything here is pure and synchronous:
 no I/O, no tasks, no module state. Time comes from an injected ``clock`` (monotonic seconds)
 and randomness from an injected ``random.Random``, so tests drive timelines without sleeping.
 Objects are not thread-safe: each belongs to one event loop.

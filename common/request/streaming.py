@@ -25,7 +25,13 @@ from common.request.forwarding import Metadata
 from common.request.pick import PickRequest
 from common.request.v2 import GenerateRequest
 
+# Gives back what admitting a request took (a tenant's concurrency slot).
 Release = Callable[[], None]
+
+
+def no_release() -> None:
+    """The release of an admission that took nothing."""
+    return None
 
 
 class StreamRelay:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import grpc
@@ -20,13 +19,10 @@ from common.config.access import ANONYMOUS, AuthConfig, TenantConfig
 from common.request.call import CallRecord
 from common.request.pick import PickRequest
 from common.request.routing import RouteHints
+from common.request.streaming import Release, no_release
 from common.tenancy.auth import Authenticator, asked_priority
 from common.tenancy.quota import ConcurrencyCaps, TenantRateLimiter
 from common.tenancy.usage import UsageRecord, UsageRecorder
-
-
-def _nothing() -> None:
-    return None
 
 
 @dataclass
@@ -60,7 +56,7 @@ class Admission:
         tenant = self.authenticator.tenant(metadata)
         return self.authenticator.authorise(tenant, hints, asked_priority(metadata))
 
-    async def admit(self, hints: RouteHints, pick: PickRequest) -> Callable[[], None]:
+    async def admit(self, hints: RouteHints, pick: PickRequest) -> Release:
         """Apply the tenant's limits; returns the release to call when it finishes."""
         tenant = self.tenant(hints.tenant)
         if self.limiter is not None and tenant is not ANONYMOUS:
@@ -69,7 +65,7 @@ class Admission:
             self.caps.acquire(tenant)
             caps = self.caps
             return lambda: caps.release(tenant.id)
-        return _nothing
+        return no_release
 
     # As a CallObserver of the call interceptor (common.request.call): one usage
     # record per finished inference call, at the edge only (``usage`` is set there).

@@ -134,6 +134,7 @@ class TierServer:
                 recent=self.telemetry.recent if self.telemetry is not None else None,
                 child_details=self.ops_additions.child_details,
                 extra_state=self.ops_additions.extra_state,
+                extensions=self.ops_additions.extensions,
             )
         )
         if self.publisher is not None:

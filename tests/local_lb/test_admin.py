@@ -10,6 +10,7 @@ from typing import Any
 
 import grpc
 
+from common.basics.vocabulary import Priority
 from common.config.node import Endpoint
 from common.config.topology import topology_from_mapping
 from common.request.balancer import Outcome
@@ -17,7 +18,8 @@ from common.request.children import ChildSet
 from common.request.pick import PickRequest
 from local_lb.admin import LocalAdmin
 from local_lb.balancer import LocalBalancer
-from local_lb.load import LoadSample, MonitoredGpu
+from local_lb.load import MonitoredGpu
+from local_lb.load_book import LoadSample
 from local_lb.picker import CompletionTimePicker
 from local_lb.policies import make_picker
 from local_lb.server import gpu_child
@@ -38,7 +40,7 @@ def gpus(n: int = 2) -> tuple[GpuChild, ...]:
 
 
 def request() -> PickRequest:
-    return PickRequest(M, "", None, None, "standard", 10, 20)
+    return PickRequest(M, "", None, None, Priority.STANDARD, 10, 20)
 
 
 def test_a_drained_gpu_leaves_the_free_pool_and_comes_back_when_undrained() -> None:

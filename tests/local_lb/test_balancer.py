@@ -9,6 +9,7 @@ import grpc
 import pytest
 
 from common.basics.errors import RETRY_AFTER_MS, RouteError
+from common.basics.vocabulary import Priority
 from common.config.node import Endpoint
 from common.request.balancer import Outcome
 from common.request.children import ChildSet
@@ -64,7 +65,9 @@ def make(
     )
 
 
-def pick(priority: str = "standard", tenant: str = "t", version: str = "") -> PickRequest:
+def pick(
+    priority: Priority = Priority.STANDARD, tenant: str = "t", version: str = ""
+) -> PickRequest:
     return PickRequest(M, version, None, None, priority, 10, 20, tenant=tenant)
 
 
@@ -96,9 +99,9 @@ async def test_late_binding_to_the_first_gpu_that_frees_a_slot() -> None:
 async def test_queue_serves_critical_before_standard() -> None:
     bal = make(n=1, slots=1)
     held = await bal.acquire(pick(), (), None)
-    standard = asyncio.create_task(bal.acquire(pick("standard"), (), 5.0))
+    standard = asyncio.create_task(bal.acquire(pick(Priority.STANDARD), (), 5.0))
     await asyncio.sleep(0)
-    critical = asyncio.create_task(bal.acquire(pick("critical"), (), 5.0))
+    critical = asyncio.create_task(bal.acquire(pick(Priority.CRITICAL), (), 5.0))
     await asyncio.sleep(0)
     bal.release(held, ok())
     await asyncio.wait_for(critical, 1)

@@ -7,6 +7,7 @@ from collections import Counter
 
 import pytest
 
+from common.basics.vocabulary import Priority
 from common.config.node import Endpoint
 from common.request.pick import Picker, PickRequest
 from common.request.prefix import BLOCK_TOKENS
@@ -49,7 +50,7 @@ def request(prompt_tokens: int = 64, prefix: tuple[int, ...] = ()) -> PickReques
         version="",
         origin=None,
         session=None,
-        priority="standard",
+        priority=Priority.STANDARD,
         prompt_tokens=prompt_tokens,
         max_tokens=16,
         prefix_blocks=prefix,

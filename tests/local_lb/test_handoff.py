@@ -8,7 +8,7 @@ import pytest
 
 from common.request.children import ChildSet
 from local_lb.handoff import QueueHandOff
-from local_lb.queue import QueueUnserved, queue_key
+from local_lb.queue_entries import QueueUnserved, queue_key
 from local_lb.slots import SlotLedger
 from local_lb.state import LocalView
 from tests.local_lb.parts import Clock, M, gpus

@@ -18,15 +18,8 @@ from common.config.topology import GpuConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.v2 import generate_request
-from local_lb.load import (
-    BackendMonitor,
-    LoadBook,
-    LoadSample,
-    MonitoredGpu,
-    jittered,
-    parse_load_trailer,
-    parse_prometheus_load,
-)
+from local_lb.load import BackendMonitor, MonitoredGpu, jittered
+from local_lb.load_book import LoadBook, LoadSample, parse_load_trailer, parse_prometheus_load
 from sim.worker import GpuWorker
 
 INTERVAL_S = 0.1

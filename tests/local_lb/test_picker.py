@@ -5,7 +5,7 @@ import random
 from common.config.node import Endpoint
 from common.request.pick import PickRequest
 from common.request.prefix import prompt_block_hashes
-from local_lb.load import LoadSample
+from local_lb.load_book import LoadSample
 from local_lb.picker import CompletionTimePicker
 from local_lb.state import GpuChild, LocalView
 from sim.fleetsim import simulate

@@ -9,13 +9,8 @@ from collections import Counter
 import pytest
 
 from common.basics.vocabulary import PRIORITY_NAMES
-from local_lb.queue import (
-    CentralQueue,
-    QueuedRequest,
-    QueueFull,
-    QueueRejected,
-    QueueTimeout,
-)
+from local_lb.queue import CentralQueue
+from local_lb.queue_entries import QueuedRequest, QueueFull, QueueRejected, QueueTimeout
 
 M = frozenset({"m"})
 

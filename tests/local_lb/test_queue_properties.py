@@ -8,7 +8,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from common.basics.vocabulary import PRIORITY_NAMES
-from local_lb.queue import QueuedRequest, QueueFull
+from local_lb.queue_entries import QueuedRequest, QueueFull
 from tests.local_lb.test_queue import make_queue, put, waiter
 
 _OPS = st.lists(

@@ -13,6 +13,7 @@ import pytest
 from cli.admin import admin_main
 from common.basics.errors import RouteError
 from common.basics.geo import GeoPoint
+from common.basics.vocabulary import Priority
 from common.config.access import AuthConfig, TenantConfig
 from common.config.node import Endpoint
 from common.config.topology import Topology, topology_from_mapping
@@ -188,7 +189,7 @@ def test_a_drained_region_is_skipped_and_named_when_nothing_is_left() -> None:
     near, far = zone("near"), zone("far", 40.0)
     children = ChildSet([near, far], probe_interval_s=1, summary_ttl_s=1.5, kind="region")
     picker = RegionPicker(GeoPoint(0, 0), 1.5)
-    request = PickRequest(M, "", GeoPoint(0, 0), None, "standard")
+    request = PickRequest(M, "", GeoPoint(0, 0), None, Priority.STANDARD)
     assert picker.rank(request, [near, far], 0.0)[0] is near
     changes: list[str] = []
     children.add_listener(lambda: changes.append("changed"))

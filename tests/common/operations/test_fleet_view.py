@@ -141,12 +141,7 @@ def test_targets_are_every_inner_tier_with_ops_a_wildcard_bind_over_loopback() -
 
 
 def test_a_reloaded_topology_is_followed() -> None:
-    ops = OpsServer(
-        Endpoint("127.0.0.1", 0),
-        "global",
-        TierMetrics("global", ChildSet((), probe_interval_s=1, summary_ttl_s=1)),
-    )
-    view = FleetView(TOPOLOGY, ops)
+    view = FleetView(TOPOLOGY)
     assert len(view.targets) == 4
     one_region = topology_from_mapping(small_fleet_spec(regions=1, zones=1, gpus=1))
     view.follow(one_region)
@@ -191,7 +186,7 @@ def test_odd_fields_from_a_tier_read_as_unknown_not_as_a_crash() -> None:
 
 
 async def test_shared_answer_forgets_a_failure_at_once() -> None:
-    view = FleetView(TOPOLOGY, global_ops(), max_age_s=60)
+    view = FleetView(TOPOLOGY, max_age_s=60)
     calls: list[int] = []
 
     async def flaky() -> dict[str, Any]:
@@ -282,9 +277,9 @@ async def fleet_view(
         region["ops_listen"] = f"127.0.0.1:{ports['regional ' + region['name']]}"
         for zone in region["zones"]:
             zone["ops_listen"] = f"127.0.0.1:{ports['local ' + zone['name']]}"
-    view = FleetView(topology_from_mapping(spec), ops, timeout_s=0.5)
+    view = FleetView(topology_from_mapping(spec), timeout_s=0.5)
     app = web.Application()
-    view.install(app)
+    view.install(app, ops)
     client = TestClient(TestServer(app))
     await client.start_server()
     try:

@@ -14,6 +14,7 @@ import redis
 
 from common.basics.errors import RETRY_AFTER_MS, RouteError
 from common.basics.redis_embed import EmbeddedRedis
+from common.basics.vocabulary import Priority
 from common.config.access import AuthConfig, TenantConfig
 from common.request.call import CallRecord
 from common.request.pick import PickRequest
@@ -49,7 +50,7 @@ def pick(prompt_tokens: int = 1, max_tokens: int = 1) -> PickRequest:
         version="",
         origin=None,
         session=None,
-        priority="standard",
+        priority=Priority.STANDARD,
         prompt_tokens=prompt_tokens,
         max_tokens=max_tokens,
     )
