@@ -277,7 +277,10 @@ async def fleet_view(
         region["ops_listen"] = f"127.0.0.1:{ports['regional ' + region['name']]}"
         for zone in region["zones"]:
             zone["ops_listen"] = f"127.0.0.1:{ports['local ' + zone['name']]}"
-    view = FleetView(topology_from_mapping(spec), timeout_s=0.5)
+    # Answers stay shared for 5 s: the default 0.5 s is as long as the slow tier's
+    # timeout, so on a loaded machine a second viewer arriving a little late would
+    # start a second fetch (staleness has its own test).
+    view = FleetView(topology_from_mapping(spec), timeout_s=0.5, max_age_s=5)
     app = web.Application()
     view.install(app, ops)
     client = TestClient(TestServer(app))
