@@ -1,0 +1,130 @@
+"""The call interceptor: one CallRecord per inference call, shared by its observers."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+
+from common.config.node import Endpoint
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.request.call import CallInterceptor, CallRecord, current_call
+from common.request.server import V2Server
+from common.request.v2 import generate_request, text_response
+
+
+class Handler(pb_grpc.GRPCInferenceServiceServicer):
+    """Writes what it learns into the call's record, as the proxy does."""
+
+    async def ServerLive(self, request: Any, context: Any) -> pb.ServerLiveResponse:
+        return pb.ServerLiveResponse(live=True)
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
+        call = current_call("ModelInfer", context.invocation_metadata())
+        call.model = request.model_name
+        if request.id == "missing":
+            await context.abort(grpc.StatusCode.NOT_FOUND, "no such model")
+        call.route = "zone/gpu-1"
+        return text_response(request, "ok")
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
+        call = current_call("ModelStreamInfer", context.invocation_metadata())
+        async for request in requests:
+            call.model = request.model_name
+            call.completion_tokens += 1
+            await context.write(pb.ModelStreamInferResponse(infer_response=text_response(
+                request, "t"
+            )))  # fmt: skip
+
+
+@dataclass
+class Observer:
+    name: str
+    events: list[tuple[str, str, CallRecord]] = field(default_factory=list)
+
+    def call_started(self, call: CallRecord) -> None:
+        self.events.append(("started", self.name, call))
+
+    def call_ended(self, call: CallRecord) -> None:
+        self.events.append(("ended", self.name, call))
+
+
+@pytest.fixture
+async def served() -> AsyncIterator[tuple[pb_grpc.GRPCInferenceServiceStub, list[Any]]]:
+    events: list[tuple[str, str, CallRecord]] = []
+    first, second = Observer("first", events), Observer("second", events)
+    server = V2Server(
+        Handler(), Endpoint("127.0.0.1", 0), interceptors=[CallInterceptor([first, second])]
+    )
+    await server.start()
+    channel = grpc.aio.insecure_channel(server.address)
+    try:
+        yield pb_grpc.GRPCInferenceServiceStub(channel), events
+    finally:
+        await channel.close()
+        await server.stop(0)
+
+
+async def test_observers_start_in_order_and_end_in_reverse_sharing_one_record(
+    served: tuple[pb_grpc.GRPCInferenceServiceStub, list[Any]],
+) -> None:
+    stub, events = served
+    await stub.ModelInfer(generate_request("m", "hi"), timeout=5)
+    assert [(kind, name) for kind, name, _ in events] == [
+        ("started", "first"),
+        ("started", "second"),
+        ("ended", "second"),
+        ("ended", "first"),
+    ]
+    records = {id(call) for _, _, call in events}
+    assert len(records) == 1
+    call = events[-1][2]
+    assert (call.method, call.model, call.route, call.code) == (
+        "ModelInfer", "m", "zone/gpu-1", grpc.StatusCode.OK
+    )  # fmt: skip
+    assert call.elapsed_s >= 0
+
+
+async def test_an_aborted_call_ends_with_its_status_and_message(
+    served: tuple[pb_grpc.GRPCInferenceServiceStub, list[Any]],
+) -> None:
+    stub, events = served
+    request = generate_request("m", "hi", request_id="missing")
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.ModelInfer(request, timeout=5)
+    assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    call = events[-1][2]
+    assert (call.code, call.detail, call.route) == (grpc.StatusCode.NOT_FOUND, "no such model", "")
+
+
+async def test_a_stream_is_one_call_with_what_its_handler_counted(
+    served: tuple[pb_grpc.GRPCInferenceServiceStub, list[Any]],
+) -> None:
+    stub, events = served
+    call = stub.ModelStreamInfer(timeout=5)
+    for i in range(3):
+        await call.write(generate_request("m", "hi", request_id=str(i), stream=True))
+    await call.done_writing()
+    assert len([r async for r in call]) == 3
+    assert [(kind, name) for kind, name, _ in events][-1] == ("ended", "first")
+    record = events[-1][2]
+    assert (record.method, record.completion_tokens, record.code) == (
+        "ModelStreamInfer", 3, grpc.StatusCode.OK
+    )  # fmt: skip
+
+
+async def test_other_methods_are_not_observed(
+    served: tuple[pb_grpc.GRPCInferenceServiceStub, list[Any]],
+) -> None:
+    stub, events = served
+    assert (await stub.ServerLive(pb.ServerLiveRequest(), timeout=5)).live
+    assert events == []
+
+
+def test_without_the_interceptor_the_proxy_gets_a_record_nobody_observes() -> None:
+    call = current_call("ModelInfer", None)
+    assert (call.method, call.tenant, call.trace_id) == ("ModelInfer", "", "")

@@ -1,0 +1,119 @@
+"""TierServer wires the call's observers: at the edge, metrics, the server span and the
+usage record all name the tenant the API key authenticated (not ``-``)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import pytest
+
+from common.basics.redis_embed import EmbeddedRedis
+from common.config.access import AuthConfig, TenantConfig
+from common.config.node import Endpoint
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.observability import tracing as tm
+from common.request.balancer import RankingBalancer
+from common.request.children import Child, ChildSet
+from common.request.forwarding import ForwardingPolicy
+from common.request.proxy import TierSpec
+from common.request.server import V2Server
+from common.request.v2 import generate_request
+from common.tenancy.admission import edge_admission
+from common.tenancy.auth import hash_key
+from common.tier.server import TierServer
+from tests.common.request.test_forwarding_loop import MODEL, ChildServer, InOrder
+from tests.common.tenancy.test_admission import records_with
+
+ACME = TenantConfig(id="acme", key_hashes=frozenset({hash_key("mk_acme")}))
+
+
+@dataclass
+class Edge:
+    tier: TierServer
+    stub: pb_grpc.GRPCInferenceServiceStub
+    telemetry: tm.Telemetry
+    stopped: bool = False
+
+    async def stop(self) -> None:
+        """Stop the tier (flushing its usage records), once."""
+        if not self.stopped:
+            self.stopped = True
+            await self.tier.stop(0)
+
+
+@pytest.fixture
+async def edge(redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Edge]:
+    monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
+    for name in ("OTEL_SDK_DISABLED", "OTEL_EXPORTER_OTLP_ENDPOINT"):
+        monkeypatch.delenv(name, raising=False)
+    telemetry = tm.setup_tracing("test-edge")
+    child = V2Server(ChildServer("us-east"), Endpoint("127.0.0.1", 0))
+    await child.start()
+    children = ChildSet(
+        [Child("us-east", Endpoint("127.0.0.1", child.port), frozenset({MODEL}))],
+        probe_interval_s=1,
+        summary_ttl_s=1,
+        probe=False,
+    )
+    auth = AuthConfig(enabled=True, tenants=(ACME,))
+    tier = TierServer(
+        TierSpec(tier="global", trust_internal=False, resolve_origin=lambda hints: None),
+        ForwardingPolicy(kind="region"),
+        children,
+        RankingBalancer(InOrder(), children),
+        Endpoint("127.0.0.1", 0),
+        admission=edge_admission(auth, redis_server.url),
+        tenants=auth.tenant_ids,
+        telemetry=telemetry,
+    )
+    await tier.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{tier.port}")
+    edge = Edge(tier, pb_grpc.GRPCInferenceServiceStub(channel), telemetry)
+    try:
+        yield edge
+    finally:
+        await channel.close()
+        await edge.stop()
+        await child.stop(0)
+
+
+def requests_counted(tier: TierServer) -> dict[tuple[str, ...], float]:
+    return {labels: child.value for labels, child in tier.metrics.requests.items()}
+
+
+async def test_the_edge_counts_traces_and_bills_the_authenticated_tenant(
+    edge: Edge, redis_server: EmbeddedRedis
+) -> None:
+    request = generate_request(MODEL, "hello there", 7)
+    await edge.stub.ModelInfer(request, metadata=[("authorization", "Bearer mk_acme")], timeout=5)
+    assert requests_counted(edge.tier) == {("global", MODEL, "OK", "acme"): 1.0}
+    assert edge.telemetry.recent is not None
+    [server_span] = [s for s in edge.telemetry.recent.spans() if s.name == "ModelInfer"]
+    assert server_span.attributes is not None
+    assert server_span.attributes[tm.TENANT] == "acme"
+    assert server_span.attributes[tm.GPU] == "us-east"
+    trace_id = format(server_span.get_span_context().trace_id, "032x")
+    await edge.stop()
+    [record] = records_with(redis_server, trace_id)
+    assert (record.tenant, record.model, record.status) == ("acme", MODEL, "OK")
+    assert (record.completion_tokens, record.region) == (7, "us-east")
+    assert record.prompt_tokens > 0
+
+
+async def test_an_unknown_key_is_unauthenticated_counted_without_a_tenant_and_not_billed(
+    edge: Edge, redis_server: EmbeddedRedis
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await edge.stub.ModelInfer(
+            generate_request(MODEL, "hi"), metadata=[("authorization", "Bearer mk_nobody")],
+            timeout=5,
+        )  # fmt: skip
+    assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
+    assert requests_counted(edge.tier) == {("global", MODEL, "UNAUTHENTICATED", "-"): 1.0}
+    assert edge.telemetry.recent is not None
+    [server_span] = [s for s in edge.telemetry.recent.spans() if s.name == "ModelInfer"]
+    trace_id = format(server_span.get_span_context().trace_id, "032x")
+    await edge.stop()
+    assert records_with(redis_server, trace_id) == []
