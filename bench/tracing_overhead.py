@@ -88,9 +88,7 @@ def tracing_with(sampler: str | None) -> Telemetry:
                 os.environ[key] = saved[key]  # type: ignore[assignment]
 
 
-async def measure(
-    topo: Topology, telemetry: Telemetry, concurrency: int, seconds: float
-) -> float:
+async def measure(topo: Topology, telemetry: Telemetry, concurrency: int, seconds: float) -> float:
     """Requests/s through a local tier built with ``telemetry`` (started for this run,
     so each mode gets a tier of its own, as a process started with that tracing would)."""
     tier = build_local_tier(topo, REGION, ZONE, telemetry=telemetry)
