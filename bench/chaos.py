@@ -46,13 +46,13 @@ from bench.chaos_faults import (
 from bench.chaos_fleet import FleetUnderTest, bench_fleet_spec
 from bench.chaos_load import CITIES, Load, good_caller, limited_caller
 from bench.chaos_report import phase_figures, summary_usage, usage_windows
-from bench.chaos_table import render
+from bench.chaos_table import markdown, render
 from bench.chaos_usage import read_usage
 from bench.report import machine, revision
 from cli.launcher import DEMO_FLEET
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 
-RESULTS = Path(__file__).resolve().parent / "results" / "chaos.json"
+RESULTS = Path(__file__).resolve().parent / "results"
 EXCLUDED = (
     "the global tier: it is the clients' only endpoint and the topology has a single "
     "`global` entry, so `meridian up` cannot run a second replica to fail over to; killing "
@@ -78,7 +78,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--budget-s", type=float, default=None, help="hard limit (default 300/900)")
     p.add_argument("--seed", type=int, default=16)
     p.add_argument("--keep-logs", action="store_true", help="keep the fleet's run directory")
-    p.add_argument("--out", type=Path, default=RESULTS, help="where to write the JSON")
+    p.add_argument(
+        "--out",
+        type=Path,
+        help="the JSON to write (default bench/results/chaos.json for the whole matrix, "
+        "chaos_quick.json for --quick or a --faults subset; a .md beside it)",
+    )
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
     names = [f.name for f in FAULTS]
@@ -88,6 +93,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--faults: unknown {unknown}; known: {names}")
     args.chosen = [f for n in chosen for f in FAULTS if f.name == n]
     args.budget_s = args.budget_s or (300.0 if args.quick else 900.0)
+    whole = not args.quick and not args.faults
+    args.out = args.out or RESULTS / ("chaos.json" if whole else "chaos_quick.json")
+    args.command = " ".join(["python -m bench.chaos", *(sys.argv[1:] if argv is None else argv)])
     return args
 
 
@@ -178,6 +186,7 @@ def _result(
         "revision": revision(),
         "config": {
             "mode": "quick" if args.quick else "full",
+            "command": args.command,
             "faults": [f.name for f in args.chosen],
             "concurrency": args.concurrency,
             "stream_share": args.stream_share,
@@ -214,12 +223,20 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
-    result = asyncio.run(_main(args))
+    try:
+        result = asyncio.run(_main(args))
+    except (asyncio.CancelledError, KeyboardInterrupt):
+        print("interrupted; every process the bench started is stopped", file=sys.stderr)
+        raise SystemExit(130) from None
+    except TimeoutError:
+        print(f"over --budget-s ({args.budget_s:.0f} s); everything stopped", file=sys.stderr)
+        raise SystemExit(1) from None
     print(render(result), flush=True)
     if not args.no_write:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=2) + "\n")
-        print(f"wrote {args.out}")
+        args.out.with_suffix(".md").write_text(markdown(result))
+        print(f"wrote {args.out} and {args.out.with_suffix('.md').name}")
     sys.stdout.flush()
 
 

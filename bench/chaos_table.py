@@ -127,3 +127,23 @@ def render(result: dict[str, Any]) -> str:
     lines += ["", *cpu_lines(result["cpu"])]
     lines += [f"excluded: {x}" for x in result["excluded"]]
     return "\n".join(lines)
+
+
+def markdown(result: dict[str, Any]) -> str:
+    """The printed report in a Markdown page, with what it ran on."""
+    m, r = result["machine"], result["revision"]
+    return "\n".join(
+        [
+            "# chaos — faults under load against a `meridian up` fleet",
+            "",
+            f"`{result['config']['command']}` at commit {r['commit']}"
+            f"{' (uncommitted changes)' if r['dirty'] else ''}, {m['date']}, {m['nproc']} × "
+            f"{m['cpu']}, Python {m['python']}. Every figure is in the JSON of the same name "
+            "beside this file; `bench/README.md` says what they mean.",
+            "",
+            "```",
+            render(result),
+            "```",
+            "",
+        ]
+    )
