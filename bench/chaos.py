@@ -40,6 +40,7 @@ from bench.chaos_faults import (
     QUICK_TIMING,
     Abuse,
     Bench,
+    Fault,
     Phase,
     run_phase,
 )
@@ -127,7 +128,7 @@ async def _run(args: argparse.Namespace, fleet: FleetUnderTest) -> dict[str, Any
         time.process_time(),
         os.getloadavg(),
     )
-    phases: list[Phase] = []
+    phases: list[Phase] = [await _baseline(fleet)]
     try:
         for fault in args.chosen:
             print(f"[{time.monotonic() - wall0:6.1f} s] {fault.name}", flush=True)
@@ -140,7 +141,15 @@ async def _run(args: argparse.Namespace, fleet: FleetUnderTest) -> dict[str, Any
     cpu = _cpu(fleet, cpu0, wall0, own0, load0)
     await asyncio.sleep(2.0)  # the last records' flush
     final = await asyncio.to_thread(read_usage, fleet.redis_url)
-    return _result(args, fleet, load, phases, final, cpu, timing, abuse)
+    return _result(args, fleet, load, phases[1:], phases[0], final, cpu, timing, abuse)
+
+
+async def _baseline(fleet: FleetUnderTest) -> Phase:
+    """The usage stream as the first phase finds it: what a first fault could erase."""
+    phase = Phase(Fault("start", "none", "-"), time.monotonic())
+    phase.usage = await asyncio.to_thread(read_usage, fleet.redis_url)
+    phase.end = time.monotonic()
+    return phase
 
 
 def _cpu(
@@ -168,6 +177,7 @@ def _result(
     fleet: FleetUnderTest,
     load: Load,
     phases: list[Phase],
+    start: Phase,
     final: Any,
     cpu: dict[str, Any],
     timing: Any,
@@ -176,7 +186,7 @@ def _result(
     assert fleet.topology is not None
     tenant = fleet.topology.auth.tenant(LIMITED_TENANT)
     windows = usage_windows(phases, load.shots)
-    figures, previous = [], None
+    figures, previous = [], start.usage
     for phase, checked in zip(phases, windows, strict=True):
         figures.append(phase_figures(phase, load.shots, checked, previous, tenant))
         previous = phase.usage

@@ -120,9 +120,6 @@ class FleetUnderTest:
     def send(self, role: str, sig: signal.Signals) -> None:
         proc = self.procs[role]
         os.kill(proc.pid, sig)
-        proc.stopped = sig == signal.SIGSTOP
-        if sig == signal.SIGCONT:
-            proc.stopped = False
 
     def kill(self, role: str, sig: signal.Signals = signal.SIGKILL, wait_s: float = 15.0) -> None:
         """Send ``sig`` (SIGKILL, or SIGTERM for a graceful stop) and wait until it is gone."""
@@ -255,7 +252,6 @@ class FleetUnderTest:
             if still(proc):  # SIGCONT first: a stopped process cannot stop
                 with contextlib.suppress(OSError):
                     os.kill(proc.pid, signal.SIGCONT)
-                proc.stopped = False
         if self.up is not None and self.up.poll() is None:
             self.up.send_signal(signal.SIGTERM)
             try:

@@ -27,7 +27,6 @@ class Proc:
     cwd: str
     command: list[str]  # how to start it again (Redis rewrites its cmdline: see redis_command)
     popen: subprocess.Popen[bytes] | None = None  # set when the bench started it
-    stopped: bool = False
 
 
 def _stat(pid: int) -> tuple[str, int] | None:
@@ -126,24 +125,25 @@ def role_of(argv: list[str]) -> str | None:
     return "global" if command == "global" else None
 
 
-def children(parent: int) -> dict[str, Proc]:
-    """The live children of ``parent`` that play a fleet role, by role."""
-    found: dict[str, Proc] = {}
+def children(root: int) -> dict[str, Proc]:
+    """The live descendants of ``root`` that play a fleet role, by role (the nearest one
+    when two do: a launcher may start a process through a wrapper)."""
+    parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        pid = int(entry.name)
-        stat = _stat(pid)
-        if stat is None or stat[1] != parent or stat[0] in ("Z", "X"):
-            continue
-        argv = argv_of(pid)
-        try:
-            cwd = os.readlink(entry / "cwd")
-        except OSError:
-            continue
-        if argv is None:
-            continue
-        role = role_of(argv)
-        if role is not None:
-            found[role] = Proc(role, pid, argv, cwd, argv)
+        if entry.name.isdigit() and (stat := _stat(int(entry.name))) is not None:
+            if stat[0] not in ("Z", "X"):
+                parents.setdefault(stat[1], []).append(int(entry.name))
+    found: dict[str, Proc] = {}
+    level = parents.get(root, [])
+    while level:
+        for pid in level:
+            argv = argv_of(pid)
+            try:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            role = role_of(argv) if argv is not None else None
+            if argv is not None and role is not None and role not in found:
+                found[role] = Proc(role, pid, argv, cwd, argv)
+        level = [child for pid in level for child in parents.get(pid, [])]
     return found
