@@ -372,7 +372,11 @@ def _fleet_settings(root: ConfigNode) -> _FleetSettings:
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology YAML file."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:  # a ValueError, not a ConfigError: name the file
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return topology_from_mapping(raw)
