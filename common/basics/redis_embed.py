@@ -158,7 +158,7 @@ class EmbeddedRedis:
         self._wait_answering(timeout_s)
 
     def _wait_answering(self, timeout_s: float) -> None:
-        """Until PING answers (a Redis loading its append-only file answers LOADING first)."""
+        """Until our redis-server answers (one loading its append-only file says LOADING)."""
         assert self.process is not None
         client = redis.Redis(
             host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.2
@@ -172,8 +172,11 @@ class EmbeddedRedis:
                         f"redis-server exited at start (port {self.port} taken?){where}"
                     )
                 try:
-                    client.ping()
-                    return
+                    # Ours, not another server on a port someone took since free_port()
+                    # (the die-with-parent wrapper execs, so the pid is redis-server's).
+                    if client.info("server")["process_id"] == self.process.pid:
+                        return
+                    time.sleep(0.05)
                 except redis.RedisError:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"redis-server not answering on {self.port}") from None
