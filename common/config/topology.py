@@ -141,6 +141,8 @@ class Topology:
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig | None = None
     limits: Limits = field(default_factory=Limits)
+    # A usage batch counts as written once this many Redis replicas have it (WAIT).
+    usage_replicas_ack: int = 0
 
     @property
     def models(self) -> frozenset[str]:
@@ -292,6 +294,7 @@ def topology_from_mapping(raw: Any) -> Topology:
         slow_start_window_s=settings.slow_start_window_s,
         failback_window_s=settings.failback_window_s,
         tenant_headroom=settings.tenant_headroom,
+        usage_replicas_ack=_usage_replicas_ack(root),
     )
     root.done()
     return topology
@@ -367,6 +370,13 @@ def _fleet_settings(root: ConfigNode) -> _FleetSettings:
     if not 0.0 <= headroom <= 0.9:
         raise ConfigError(f"tenant_headroom: must be between 0 and 0.9, got {headroom}")
     return _FleetSettings(cadence, maxlen, health, time_scale, slow_start, failback, headroom)
+
+
+def _usage_replicas_ack(root: ConfigNode) -> int:
+    acks = root.get("usage_replicas_ack", 0, kind=int)
+    if acks < 0:
+        raise ConfigError(f"usage_replicas_ack: must be >= 0, got {acks}")
+    return int(acks)
 
 
 def load_topology(path: str | Path) -> Topology:

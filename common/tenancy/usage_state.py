@@ -16,7 +16,7 @@ from typing import Any
 import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
-from common.tenancy.usage import USAGE_STREAM, meta_key
+from common.tenancy.usage_record import USAGE_STREAM, field_text, meta_key
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,10 +83,6 @@ def iso(ms: int | None) -> str:
     return moment.isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def _int(value: Any) -> int | None:
     return None if value is None else int(value)
 
@@ -96,7 +92,7 @@ async def stream_state(redis_url: str, stream: str = USAGE_STREAM) -> StreamStat
     client = aioredis.Redis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
     try:
         raw = await client.hgetall(meta_key(stream))
-        meta = {_text(k): _text(v) for k, v in raw.items()}
+        meta = {field_text(k): field_text(v) for k, v in raw.items()}
         try:
             info: dict[str, Any] = await client.xinfo_stream(stream)
         except ResponseError:  # no such key

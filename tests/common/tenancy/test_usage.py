@@ -333,7 +333,7 @@ async def test_a_write_that_timed_out_but_landed_is_not_written_twice(
         assert recorder.pending == 44
     finally:
         busy.join()
-    assert sync_redis.xlen(stream) == 45  # Redis ran it once it was free
+    await _until(lambda: sync_redis.xlen(stream) == 45, timeout_s=2)  # Redis ran it once free
     await recorder.flush()  # the retry finds the batch's marker
     await recorder.stop()
     assert (recorder.written, recorder.pending) == (45, 0)
@@ -515,3 +515,58 @@ def test_usage_main_unreachable_redis_exits_2(capsys: pytest.CaptureFixture[str]
     assert time.monotonic() - started < 10
     err = capsys.readouterr().err
     assert f"cannot read meridian:usage from {url}" in err
+
+
+def replica_of(master: EmbeddedRedis) -> EmbeddedRedis:
+    """A started Redis replicating ``master``, its initial sync done."""
+    replica = EmbeddedRedis()
+    replica.start()
+    client = redis.Redis.from_url(replica.url)
+    try:
+        client.replicaof("127.0.0.1", master.port)
+        deadline = time.monotonic() + 10
+        while client.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "replica never synced"
+            time.sleep(0.05)
+    finally:
+        client.close()
+    return replica
+
+
+async def test_with_replicas_ack_a_failover_keeps_every_written_record() -> None:
+    """WAIT: a batch counts as written only once the replica has it; while the replica is
+    gone batches are kept; after the master dies, the promoted replica has all of them."""
+    master = EmbeddedRedis()
+    master.start()
+    replica = replica_of(master)
+    recorder = UsageRecorder(master.url, replicas_ack=1, replicas_timeout_s=0.2, batch_size=10)
+    records = [make_record(i) for i in range(60)]
+    try:
+        for rec in records[:30]:
+            recorder.record(rec)
+        await recorder.flush()
+        replica.stop()
+        for rec in records[30:40]:
+            recorder.record(rec)
+        with pytest.raises(redis.RedisError, match="on 0 of the 1 replicas"):
+            await recorder.flush()  # written on the master, not acknowledged: kept
+        assert (recorder.written, recorder.pending) == (30, 10)
+        replica.close()
+        replica = replica_of(master)
+        for rec in records[40:]:
+            recorder.record(rec)
+        await recorder.flush()  # the kept batch is skipped on the master, then acknowledged
+        assert (recorder.written, recorder.pending) == (60, 0)
+        master.kill()
+        promoted = redis.Redis.from_url(replica.url)
+        try:
+            promoted.replicaof("NO", "ONE")
+            entries = promoted.xrange(USAGE_STREAM)
+        finally:
+            promoted.close()
+        ids = [UsageRecord.from_fields(f).request_id for _, f in entries]
+        assert ids == [r.request_id for r in records]
+    finally:
+        await recorder.stop(timeout_s=0.5)
+        replica.close()
+        master.close()
