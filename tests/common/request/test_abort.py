@@ -34,7 +34,9 @@ class LateAborter(pb_grpc.GRPCInferenceServiceServicer):
         self.started += 1
         try:
             left = context.time_remaining()
-            if left is not None:
+            if left is not None and request.model_name == "blocking":
+                time.sleep(left + 0.005)  # noqa: ASYNC251 (grpc must not cancel it first)
+            elif left is not None:
                 await asyncio.sleep(max(0.0, left + self.late_s))
             await abort_call(context, grpc.StatusCode.UNAVAILABLE, "no child left", TRAILERS)
         finally:
@@ -65,14 +67,14 @@ async def serve() -> AsyncIterator[Start]:
 
 
 async def call_many(
-    address: str, calls: int, timeout: float | None
+    address: str, calls: int, timeout: float | None, model: str = "m"
 ) -> list[tuple[grpc.StatusCode, tuple[tuple[str, str], ...]]]:
     async with grpc.aio.insecure_channel(address) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
 
         async def one() -> tuple[grpc.StatusCode, tuple[tuple[str, str], ...]]:
             try:
-                await stub.ModelInfer(pb.ModelInferRequest(model_name="m"), timeout=timeout)
+                await stub.ModelInfer(pb.ModelInferRequest(model_name=model), timeout=timeout)
             except grpc.aio.AioRpcError as err:
                 trailers = tuple((k, str(v)) for k, v in (err.trailing_metadata() or ()))
                 return err.code(), trailers
@@ -97,6 +99,7 @@ async def test_abort_past_the_deadline_ends_quietly_with_deadline_exceeded(
     caplog.set_level(logging.INFO, logger="grpc")
     address, servicer = await serve(0.0005)
     got = await call_many(address, 150, timeout=0.05)
+    got += await call_many(address, 1, timeout=0.3, model="blocking")
     await asyncio.sleep(0.1)  # some calls expire before grpc even starts their handler
     await until(lambda: len(servicer.ended) == servicer.started)
     noisy = [r for r in caplog.records if r.levelno >= logging.WARNING]
