@@ -12,9 +12,9 @@ same through a small wrapper (``common.basics.redis_embed``) and keeps its
 append-only file in ``<run_dir>/redis``, so a Redis restart, or a second
 ``meridian up`` on the same run directory, finds every usage record again.
 ``ExitWatch`` reports a process that died once, and once when it is back.
-With ``tls`` (the default)
-a fresh PKI is generated into ``<run_dir>/pki`` and the tiers talk mutual TLS
-(see ``common.config.tls``); the global endpoint stays plaintext for clients.
+With ``tls`` (the default) a fresh PKI is generated into ``<run_dir>/pki`` and
+the tiers talk mutual TLS (see ``common.config.tls``); the global endpoint
+stays plaintext for clients.
 """
 
 from __future__ import annotations
