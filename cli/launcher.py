@@ -7,9 +7,14 @@ its own process so that killing one is a real failure. Port 0 in the fleet
 file is resolved to a free loopback port first, and the resolved topology is
 written beside the logs for every process to read. Each child asks the kernel
 to end it when the launcher dies (PR_SET_PDEATHSIG, set by the child at start),
-so even a killed launcher leaves no process behind. With ``tls`` (the default)
-a fresh PKI is generated into ``<run_dir>/pki`` and the tiers talk mutual TLS
-(see ``common.config.tls``); the global endpoint stays plaintext for clients.
+so even a killed launcher leaves no process behind; the embedded Redis asks the
+same through a small wrapper (``common.basics.redis_embed``) and keeps its
+append-only file in ``<run_dir>/redis``, so a Redis restart, or a second
+``meridian up`` on the same run directory, finds every usage record again.
+``ExitWatch`` reports a process that died once, and once when it is back.
+With ``tls`` (the default) a fresh PKI is generated into ``<run_dir>/pki`` and
+the tiers talk mutual TLS (see ``common.config.tls``); the global endpoint
+stays plaintext for clients.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -142,6 +147,50 @@ class TierProcess:
             self.log_file = None
 
 
+@dataclass
+class ExitWatch:
+    """Says once that a launched process died, and once that it is back.
+
+    ``poll()`` (``meridian up`` calls it every half second) returns the lines to
+    print: a warning when a process is first seen dead, then nothing while it
+    stays dead; a line when it runs again (``Fleet.restart``), or when what it
+    served answers again although the launcher did not start it (someone ran
+    it by hand from the run directory's topology) — ``answers`` probes that, at
+    most every ``probe_interval_s``, and a warning follows if it stops answering.
+    """
+
+    processes: Mapping[str, TierProcess]
+    answers: Callable[[str], bool]
+    probe_interval_s: float = 2.0
+    clock: Callable[[], float] = time.monotonic
+    # name -> (state, next probe time); a process not in it is up
+    _state: dict[str, tuple[str, float]] = field(default_factory=dict)
+
+    def poll(self) -> list[str]:
+        now = self.clock()
+        return [line for name in self.processes if (line := self._check(name, now))]
+
+    def _check(self, name: str, now: float) -> str:
+        proc = self.processes[name]
+        state, next_probe = self._state.get(name, ("up", 0.0))
+        if proc.alive():
+            self._state.pop(name, None)
+            return "" if state == "up" else f"{name} is running again"
+        if state == "up":
+            self._state[name] = ("down", now + self.probe_interval_s)
+            code = proc.process.returncode if proc.process is not None else None
+            return f"warning: {name} exited (code {code}); see {proc.log_path}"
+        if now < next_probe:
+            return ""
+        answering = self.answers(name)
+        self._state[name] = ("elsewhere" if answering else "down", now + self.probe_interval_s)
+        if state == "down" and answering:
+            return f"{name} answers again (a process this launcher did not start)"
+        if state == "elsewhere" and not answering:
+            return f"warning: {name} stopped answering; see {proc.log_path}"
+        return ""
+
+
 class Fleet:
     """A whole Meridian deployment on this machine; ``start()`` / ``stop()``.
 
@@ -167,7 +216,7 @@ class Fleet:
         raw.update(overrides or {})
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.redis = None if redis_url else EmbeddedRedis()
+        self.redis = None if redis_url else EmbeddedRedis(data_dir=self.run_dir / "redis")
         raw["redis_url"] = redis_url or self.redis.url  # type: ignore[union-attr]
         if not tls:
             raw.pop("tls", None)
@@ -184,6 +233,7 @@ class Fleet:
         self.processes: dict[str, TierProcess] = {}
         for name, argv in self._plan():
             self.processes[name] = TierProcess(name, argv, self.run_dir / f"{name}.log")
+        self.watch = ExitWatch(self.processes, self.answers)
 
     def _plan(self) -> Iterator[tuple[str, list[str]]]:
         cli = [sys.executable, "-m", "cli.main"]
@@ -264,6 +314,11 @@ class Fleet:
                 for g in z.gpus
             ]
         return [self.endpoint_of(name)]
+
+    def answers(self, name: str) -> bool:
+        """True when every address of launched process ``name`` serves (ServerReady)."""
+        credentials = self.credentials_for(name)
+        return all(tier_ready(a, credentials, 0.2) for a in self._addresses(name))
 
     def kill(self, name: str) -> None:
         """Kill one tier process outright (SIGKILL), as a crash would."""

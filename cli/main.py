@@ -116,7 +116,8 @@ def _run_up(args: argparse.Namespace) -> None:
     fleet.start()
     try:
         topo = fleet.topology
-        print(f"redis      {topo.redis_url}")
+        kept = f"  (append-only file in {fleet.redis.data_dir})" if fleet.redis else ""
+        print(f"redis      {topo.redis_url}{kept}")
         for region in topo.regions:
             print(f"region     {region.name:<14} regional tier {region.endpoint}")
             for zone in region.zones:
@@ -134,10 +135,9 @@ def _run_up(args: argparse.Namespace) -> None:
             print(f"dashboard  http://{topo.global_tier.ops}/  (also /metrics /readyz /api/*)")
         print("ready; Ctrl-C stops everything", flush=True)
         while not stop:
-            for name, proc in fleet.processes.items():
-                if not proc.alive() and not stop:
-                    print(f"warning: {name} exited; see {proc.log_path}", flush=True)
-                    proc.process = None
+            for line in fleet.watch.poll():  # once per death, once per return
+                if not stop:  # Ctrl-C reaches the children too: their exits are no news
+                    print(line, flush=True)
             time.sleep(0.5)
     finally:
         print("stopping fleet", flush=True)

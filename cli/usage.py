@@ -1,4 +1,11 @@
-"""``meridian usage``: sum the usage records per tenant and model for a time window."""
+"""``meridian usage``: sum the usage records per tenant and model for a time window.
+
+Besides the totals it says when they may be short: the stream was trimmed
+(``MAXLEN``) past the window's start, reset (Redis lost its data), or
+begins after the window does (``common.tenancy.usage_state``). Those go to
+stderr after the table, and into ``warnings`` (with ``complete: false``)
+in ``--json``; the exit code stays 0.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from common.tenancy.usage import USAGE_STREAM, UsageTotals, summarise
+from common.tenancy.usage_state import StreamState, stream_state
 
 _RELATIVE = re.compile(r"^(\d+)([smhdw])$")
 _UNIT_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000, "w": 604_800_000}
@@ -116,20 +124,30 @@ def usage_main(argv: list[str] | None = None, *, now_ms: int | None = None) -> i
         )
         return 2
     try:
-        totals = asyncio.run(
-            summarise(args.redis, since_ms=since, until_ms=until, stream=args.stream)
-        )
+        totals, state = asyncio.run(_read(args.redis, since, until, args.stream))
     except (RedisError, OSError) as exc:
         print(
             f"meridian usage: cannot read {args.stream} from {args.redis}: {exc}", file=sys.stderr
         )
         return 2
+    warnings = state.warnings(since)
     if args.json:
         window = {"since": _iso(since), "until": _iso(until), "since_ms": since, "until_ms": until}
-        print(
-            json.dumps({**window, "stream": args.stream, "totals": totals_json(totals)}, indent=2)
-        )
+        doc = {**window, "stream": args.stream, "totals": totals_json(totals)}
+        doc.update(complete=not warnings, warnings=warnings, stream_state=state.as_json())
+        print(json.dumps(doc, indent=2))
     else:
         print(f"usage {_iso(since)} .. {_iso(until)} (stream {args.stream})")
         print(format_table(totals))
+        for warning in warnings:
+            print(f"meridian usage: warning: {warning}", file=sys.stderr)
     return 0
+
+
+async def _read(
+    url: str, since: int, until: int, stream: str
+) -> tuple[dict[tuple[str, str], UsageTotals], StreamState]:
+    # The state first: a record trimmed or reset away after it was read is still
+    # counted; one lost before is what the state warns of.
+    state = await stream_state(url, stream)
+    return await summarise(url, since_ms=since, until_ms=until, stream=stream), state

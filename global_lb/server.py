@@ -95,7 +95,9 @@ def build_global_tier(
         topology.global_tier.endpoint,
         reader=reader,
         credentials=tier_server_credentials(topology.tls, edge=True),
-        admission=edge_admission(topology.auth, topology.redis_url),
+        admission=edge_admission(
+            topology.auth, topology.redis_url, usage_replicas_ack=topology.usage_replicas_ack
+        ),
         limits=topology.limits,
         ops=topology.global_tier.ops,
         ops_additions=OpsAdditions(extensions=(fleet_view,) if fleet_view else ()),

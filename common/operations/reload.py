@@ -83,6 +83,7 @@ _RESTART_SETTINGS = (
     "tenant_headroom",
     "tls",
     "limits",
+    "usage_replicas_ack",
 )
 
 

@@ -25,6 +25,7 @@ from common.capacity.summary import CAPACITY_HINT
 from common.config.access import Limits
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.request.abort import abort_call
 from common.request.balancer import Balancer
 from common.request.call import CallRecord, current_call
 from common.request.children import ChildSet
@@ -195,7 +196,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         """End the call with ``err``, telling the tier above what capacity is left here."""
         hint = self.forwarder.hint(model)
         trailers = (*err.trailers, (CAPACITY_HINT, hint)) if hint else err.trailers
-        await context.abort(err.code, err.message, trailing_metadata=trailers)
+        await abort_call(context, err.code, err.message, trailers)  # quiet past the deadline
 
     def hints(self, context: grpc.aio.ServicerContext) -> RouteHints:
         metadata = context.invocation_metadata()

@@ -96,8 +96,11 @@ class Admission:
         )
 
 
-def edge_admission(auth: AuthConfig, redis_url: str, replicas: int = 1) -> Admission:
-    """The global tier's: API keys (when enabled), shared rate limits, usage records."""
+def edge_admission(
+    auth: AuthConfig, redis_url: str, replicas: int = 1, usage_replicas_ack: int = 0
+) -> Admission:
+    """The global tier's: API keys (when enabled), shared rate limits, usage records
+    (each batch on ``usage_replicas_ack`` Redis replicas before it counts as written)."""
     limited = any(t.requests_per_s or t.tokens_per_min for t in auth.tenants)
     return Admission(
         auth,
@@ -108,7 +111,7 @@ def edge_admission(auth: AuthConfig, redis_url: str, replicas: int = 1) -> Admis
             if limited
             else None
         ),
-        usage=UsageRecorder(redis_url),
+        usage=UsageRecorder(redis_url, replicas_ack=usage_replicas_ack),
     )
 
 

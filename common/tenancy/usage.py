@@ -1,15 +1,31 @@
 """Usage records for billing: one per finished request at the edge, in a Redis stream.
 
-edge proxy --record()--> in-memory buffer --XADD MAXLEN ~ (pipelined)--> ``meridian:usage``
+edge proxy --record()--> in-memory buffer --EVALSHA, one batch at a time--> ``meridian:usage``
 ``meridian usage`` --XRANGE in chunks--> totals per (tenant, model)
 
-Delivery is *at least once*, never exactly once: a pipeline that fails after
-Redis applied some of its XADDs is written again, and a crash loses what was
-still buffered. Every record therefore carries a unique ``request_id``
-(uuid4 hex, from the caller or filled in by ``UsageRecorder.record``) and
-``summarise`` counts each id once (within a horizon of stream time, default
-1 h: a re-written batch follows its first attempt as soon as Redis answers
-again, so only an ambiguous write followed by a longer outage escapes).
+Each batch is written *exactly once*: one Lua script checks the batch's
+marker key (``<stream>:batch:<uuid>``), XADDs the records, counts them in
+``<stream>:meta`` and sets the marker, atomically. A batch whose write failed
+or timed out is retried whole under the same id, so a write that landed
+although its answer was lost is skipped on retry, not doubled. A marker
+lives ``dedup_ttl_s`` (6 h); a batch still unwritten after that is written
+anyway (a possible double, logged, rather than a loss). ``summarise`` also
+counts each ``request_id`` once within a horizon, for writers that retry on
+their own. A crash of the edge loses what it still buffered.
+
+Redis acknowledges a write before its replicas have it, so a failover can
+lose the last acknowledged batches. With ``replicas_ack`` (topology key
+``usage_replicas_ack``) a batch counts as written only once that many
+replicas have it (Redis WAIT on the recorder's one connection); until then
+it is kept and retried like a failed write, which the marker makes safe.
+
+``<stream>:meta`` (a hash) lets a reader tell a complete stream from one that
+lost entries: ``created_ms`` (Redis time of the first write), ``added``
+(entries ever written, against XLEN: what ``MAXLEN ~`` trimmed), and
+``resets`` / ``last_reset_ms``, set when a recorder that had written before
+finds the hash gone (Redis lost its data: restarted without persistence,
+flushed, or failed over to an empty replica).
+
 Records are filtered by ``finished_at_ms`` (the edge's clock), not by stream
 entry ids (Redis's clock at write time), because a record buffered through an
 outage is written long after it finished.
@@ -21,88 +37,90 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import uuid
+import time
 from collections import deque
-from collections.abc import Mapping
-from typing import Any
 
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from common.capacity.streams import redis_backoff
+from common.tenancy.usage_read import UsageTotals, summarise
+from common.tenancy.usage_record import (
+    OK_STATUS,
+    USAGE_STREAM,
+    UsageRecord,
+    batch_key,
+    meta_key,
+    new_request_id,
+)
+
+# The module people import for usage: the record, its reader and its writer.
+__all__ = [
+    "OK_STATUS",
+    "USAGE_STREAM",
+    "UsageRecord",
+    "UsageRecorder",
+    "UsageTotals",
+    "meta_key",
+    "new_request_id",
+    "summarise",
+]
 
 log = logging.getLogger(__name__)
 
-USAGE_STREAM = "meridian:usage"
-OK_STATUS = "OK"
+
+# KEYS: stream, meta hash, batch marker. ARGV: maxlen, marker TTL (s), fields per
+# record, 1 if this recorder wrote to the stream before, then the records' fields.
+# The marker is set last: a script cut short by an error writes the batch again
+# (at least once), never skips part of it. A batch already written refreshes its
+# marker instead: replication is ordered, so once a replica has that write it has
+# the batch. Returns {records added, 1 if a reset was found}.
+_WRITE_BATCH = """
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  redis.call('EXPIRE', KEYS[3], ARGV[2])  -- a write after the batch's, for WAIT
+  return {0, 0}
+end
+local now = redis.call('TIME')
+local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+local reset = 0
+if redis.call('HSETNX', KEYS[2], 'created_ms', now_ms) == 1 and ARGV[4] == '1' then
+  reset = 1
+  redis.call('HINCRBY', KEYS[2], 'resets', 1)
+  redis.call('HSET', KEYS[2], 'last_reset_ms', now_ms)
+end
+local width = tonumber(ARGV[3])
+local added = 0
+for i = 5, #ARGV, width do
+  redis.call('XADD', KEYS[1], 'MAXLEN', '~', ARGV[1], '*', unpack(ARGV, i, i + width - 1))
+  added = added + 1
+end
+redis.call('HINCRBY', KEYS[2], 'added', added)
+redis.call('SET', KEYS[3], 1, 'EX', ARGV[2])
+return {added, reset}
+"""
 
 
-def new_request_id() -> str:
-    return uuid.uuid4().hex
+@dataclasses.dataclass
+class _Batch:
+    """Records written together under one id, and when they were first tried (monotonic)."""
 
-
-@dataclasses.dataclass(frozen=True)
-class UsageRecord:
-    """What one finished request cost; ``status`` is a gRPC status name (``OK``, ``UNAVAILABLE``).
-
-    ``request_id`` is unique per request (uuid4 hex): the key ``summarise`` de-duplicates on.
-    """
-
-    tenant: str
-    model: str
-    region: str
-    zone: str
-    gpu: str
-    prompt_tokens: int
-    completion_tokens: int
-    gpu_seconds: float
-    status: str
-    trace_id: str
-    request_id: str
-    finished_at_ms: int
-
-    def to_fields(self) -> dict[str, str]:
-        """Flat string fields for XADD; ``repr`` keeps ``gpu_seconds`` exact."""
-        return {
-            f.name: repr(v) if isinstance(v := getattr(self, f.name), float) else str(v)
-            for f in dataclasses.fields(self)
-        }
-
-    @classmethod
-    def from_fields(cls, fields: Mapping[Any, Any]) -> UsageRecord:
-        """Inverse of ``to_fields``; accepts bytes or str, ignores unknown fields (newer
-        writers may add some). ``ValueError`` naming the field when one is missing or bad."""
-        text = {_text(k): _text(v) for k, v in fields.items()}
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.name not in text:
-                raise ValueError(f"usage record has no field {f.name!r}")
-            raw = text[f.name]
-            try:
-                values[f.name] = (
-                    int(raw) if f.type == "int" else float(raw) if f.type == "float" else raw
-                )
-            except ValueError:
-                raise ValueError(f"usage record field {f.name!r}: bad value {raw!r}") from None
-        return cls(**values)
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
+    batch_id: str
+    records: list[UsageRecord]
+    first_tried: float
 
 
 class UsageRecorder:
-    """Buffers usage records in memory and writes them to a stream in pipelined batches.
+    """Buffers usage records in memory and writes them to a stream in batches, exactly once.
 
     ``record()`` is synchronous and O(1): the request path never waits on Redis.
     A background task flushes every ``flush_interval_s`` or as soon as
     ``batch_size`` records wait. While Redis is down, records stay buffered and
-    the task backs off and retries; the buffer holds at most ``buffer_limit``
-    records (plus the one batch in flight) and beyond that the *oldest* are
-    dropped and counted in ``dropped``. A batch whose write failed goes back to
-    the front of the buffer, so a partial write is repeated (at least once;
-    ``summarise`` de-duplicates by ``request_id``). Counters: ``written``,
-    ``dropped``, ``pending``.
+    the task backs off and retries. A batch whose write failed (or timed out:
+    it may have landed) is kept apart and retried whole under its id before
+    anything else, so the script skips it if it landed. The buffer holds at most
+    ``buffer_limit`` records besides that one batch; beyond, the *oldest* are
+    dropped and counted in ``dropped``. Counters: ``written``, ``dropped``,
+    ``pending``, ``resets_seen`` (times the stream's metadata had vanished).
     """
 
     def __init__(
@@ -114,20 +132,36 @@ class UsageRecorder:
         buffer_limit: int = 100_000,
         batch_size: int = 500,
         flush_interval_s: float = 0.1,
+        socket_timeout_s: float = 1.0,
+        dedup_ttl_s: int = 6 * 3600,
+        replicas_ack: int = 0,
+        replicas_timeout_s: float = 1.0,
     ) -> None:
-        if buffer_limit < 1 or batch_size < 1 or maxlen < 1:
-            raise ValueError("buffer_limit, batch_size and maxlen must be positive")
+        if min(buffer_limit, batch_size, maxlen, dedup_ttl_s) < 1 or socket_timeout_s <= 0:
+            raise ValueError("buffer_limit, batch_size, maxlen, dedup_ttl_s, timeout: positive")
+        if replicas_ack < 0 or replicas_timeout_s <= 0:
+            raise ValueError("replicas_ack must be >= 0 and replicas_timeout_s positive")
+        # One connection: WAIT counts the replicas that have this connection's writes.
         self.redis = aioredis.Redis.from_url(
-            redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
+            redis_url,
+            socket_timeout=socket_timeout_s + (replicas_timeout_s if replicas_ack else 0.0),
+            socket_connect_timeout=1.0,
+            single_connection_client=True,
         )
+        self._script = self.redis.register_script(_WRITE_BATCH)
         self.stream = stream
         self.maxlen = maxlen
         self.buffer_limit = buffer_limit
         self.batch_size = batch_size
         self.flush_interval_s = flush_interval_s
+        self.dedup_ttl_s = dedup_ttl_s
+        self.replicas_ack = replicas_ack
+        self.replicas_timeout_s = replicas_timeout_s
         self.written = 0
         self.dropped = 0
+        self.resets_seen = 0
         self._buffer: deque[UsageRecord] = deque()
+        self._retry: _Batch | None = None  # the batch whose write may or may not have landed
         self._overflowing = False
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
@@ -136,7 +170,7 @@ class UsageRecorder:
     @property
     def pending(self) -> int:
         """Records buffered and not yet known to be written."""
-        return len(self._buffer)
+        return len(self._buffer) + (len(self._retry.records) if self._retry else 0)
 
     def record(self, rec: UsageRecord) -> None:
         """Queue one record (never blocks); an empty ``request_id`` gets a fresh uuid4 hex."""
@@ -183,31 +217,50 @@ class UsageRecorder:
     async def flush(self) -> None:
         """Write everything buffered now; raises ``RedisError``/``OSError`` (records kept)."""
         async with self._lock:
-            while self._buffer:
-                await self._write_batch()
+            while self._retry is not None or self._buffer:
+                if self._retry is None:
+                    take = min(self.batch_size, len(self._buffer))
+                    records = [self._buffer.popleft() for _ in range(take)]
+                    # Kept here until known written: a failure, a timeout or a
+                    # cancellation leaves it to be retried under the same id.
+                    self._retry = _Batch(new_request_id(), records, time.monotonic())
+                await self._write(self._retry)
+                self.written += len(self._retry.records)
+                self._retry = None
             if self._overflowing:
                 self._overflowing = False
                 log.warning("usage buffer drained; %d records dropped so far", self.dropped)
 
-    async def _write_batch(self) -> None:
-        batch = [self._buffer.popleft() for _ in range(min(self.batch_size, len(self._buffer)))]
-        try:
-            pipe = self.redis.pipeline(transaction=False)
-            for rec in batch:
-                pipe.xadd(self.stream, rec.to_fields(), maxlen=self.maxlen, approximate=True)  # type: ignore[arg-type]
-            await pipe.execute()
-        except BaseException:  # also on cancellation: the batch may or may not be written
-            self._put_back(batch)
-            raise
-        self.written += len(batch)
-
-    def _put_back(self, batch: list[UsageRecord]) -> None:
-        """Return a failed batch to the front; if that overflows, its oldest go first."""
-        room = max(0, self.buffer_limit - len(self._buffer))
-        if len(batch) > room:
-            self._count_dropped(len(batch) - room)
-            batch = batch[len(batch) - room :]
-        self._buffer.extendleft(reversed(batch))
+    async def _write(self, batch: _Batch) -> None:
+        if time.monotonic() - batch.first_tried > self.dedup_ttl_s:
+            log.warning(
+                "usage batch %s first tried over %d s ago: its marker may be gone, so if "
+                "that try landed its %d records are now in %s twice",
+                batch.batch_id, self.dedup_ttl_s, len(batch.records), self.stream,
+            )  # fmt: skip
+        fields = [rec.to_fields() for rec in batch.records]
+        width = 2 * len(fields[0])
+        flat = [item for f in fields for pair in f.items() for item in pair]
+        keys = [self.stream, meta_key(self.stream), batch_key(self.stream, batch.batch_id)]
+        wrote_before = "1" if self.written else "0"
+        args: list[str | int] = [self.maxlen, self.dedup_ttl_s, width, wrote_before, *flat]
+        _, reset = await self._script(keys=keys, args=args)
+        if self.replicas_ack:
+            timeout_ms = int(self.replicas_timeout_s * 1000)
+            acked = await self.redis.wait(self.replicas_ack, timeout_ms)
+            if acked < self.replicas_ack:  # kept, and retried like a failed write
+                raise RedisError(
+                    f"usage batch on {acked} of the {self.replicas_ack} replicas it must reach "
+                    f"within {self.replicas_timeout_s:g} s (usage_replicas_ack)"
+                )
+        if reset:
+            self.resets_seen += 1
+            log.error(
+                "usage stream %s lost its data since this recorder last wrote to it (Redis "
+                "restarted without persistence, was flushed, or failed over to an empty "
+                "replica): records written before are gone; marked in %s",
+                self.stream, meta_key(self.stream),
+            )  # fmt: skip
 
     async def _run(self) -> None:
         backoff = redis_backoff(f"usage recorder {self.stream}")
@@ -221,90 +274,3 @@ class UsageRecorder:
                 backoff.succeeded()
             except (RedisError, OSError) as exc:
                 await backoff.failed(exc)
-
-
-@dataclasses.dataclass
-class UsageTotals:
-    """Sums for one (tenant, model); ``statuses`` counts requests per gRPC status name."""
-
-    requests: int = 0
-    ok_requests: int = 0
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    gpu_seconds: float = 0.0
-    statuses: dict[str, int] = dataclasses.field(default_factory=dict)
-
-    def add(self, rec: UsageRecord) -> None:
-        self.requests += 1
-        self.ok_requests += rec.status == OK_STATUS
-        self.prompt_tokens += rec.prompt_tokens
-        self.completion_tokens += rec.completion_tokens
-        self.gpu_seconds += rec.gpu_seconds
-        self.statuses[rec.status] = self.statuses.get(rec.status, 0) + 1
-
-    def merge(self, other: UsageTotals) -> None:
-        self.requests += other.requests
-        self.ok_requests += other.ok_requests
-        self.prompt_tokens += other.prompt_tokens
-        self.completion_tokens += other.completion_tokens
-        self.gpu_seconds += other.gpu_seconds
-        for status, n in other.statuses.items():
-            self.statuses[status] = self.statuses.get(status, 0) + n
-
-
-async def summarise(
-    redis_url: str,
-    *,
-    since_ms: int | None,
-    until_ms: int | None,
-    stream: str = USAGE_STREAM,
-    chunk: int = 1000,
-    clock_skew_ms: int = 300_000,
-    dedup_horizon_ms: int = 3_600_000,
-) -> dict[tuple[str, str], UsageTotals]:
-    """Totals per (tenant, model) of records with ``since_ms <= finished_at_ms < until_ms``.
-
-    Reads with XRANGE ``chunk`` entries at a time. A record is written after it
-    finished, so the scan starts at ``since_ms - clock_skew_ms`` (an edge clock
-    ahead of Redis's) and runs to the end of the stream (a record buffered
-    through an outage lands late). A ``request_id`` is remembered until the
-    scan has moved ``dedup_horizon_ms`` of stream time past it: duplicates come
-    from re-written batches and lie close together, so memory stays bounded by
-    the records of one horizon, not of the whole window.
-    """
-    client = aioredis.Redis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
-    totals: dict[tuple[str, str], UsageTotals] = {}
-    seen: set[str] = set()
-    recent: deque[tuple[int, str]] = deque()  # (stream ms, request_id), oldest first
-    malformed = 0
-    start = "-" if since_ms is None else f"{max(0, since_ms - clock_skew_ms)}-0"
-    try:
-        while True:
-            entries: Any = await client.xrange(stream, min=start, max="+", count=chunk)
-            for entry_id, fields in entries:
-                stream_ms = int(_text(entry_id).split("-", 1)[0])
-                while recent and recent[0][0] < stream_ms - dedup_horizon_ms:
-                    seen.discard(recent.popleft()[1])
-                try:
-                    rec = UsageRecord.from_fields(fields)
-                except ValueError:
-                    malformed += 1
-                    continue
-                if since_ms is not None and rec.finished_at_ms < since_ms:
-                    continue
-                if until_ms is not None and rec.finished_at_ms >= until_ms:
-                    continue
-                if rec.request_id in seen:
-                    continue
-                seen.add(rec.request_id)
-                recent.append((stream_ms, rec.request_id))
-                totals.setdefault((rec.tenant, rec.model), UsageTotals()).add(rec)
-            if len(entries) < chunk:
-                break
-            ms, seq = _text(entries[-1][0]).split("-", 1)
-            start = f"{ms}-{int(seq) + 1}"
-    finally:
-        await client.aclose()
-    if malformed:
-        log.warning("skipped %d malformed usage records in %s", malformed, stream)
-    return totals

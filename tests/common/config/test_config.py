@@ -135,6 +135,24 @@ def test_invalid_yaml_is_a_config_error(tmp_path: Path) -> None:
         load_topology(path)
 
 
+def test_non_utf8_topology_is_a_config_error_naming_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(b"regions: []\n# caf\xe9\n")
+    with pytest.raises(ConfigError, match=rf"^{path}: not UTF-8 text \(byte 0xe9 at offset 17\)$"):
+        load_topology(path)
+
+
+def test_usage_replicas_ack_default_and_bounds() -> None:
+    assert topology_from_mapping(demo()).usage_replicas_ack == 0
+    raw = demo()
+    raw["usage_replicas_ack"] = 2
+    assert topology_from_mapping(raw).usage_replicas_ack == 2
+    for bad, message in ((-1, "must be >= 0, got -1"), ("1", "expected int, got '1'")):
+        raw["usage_replicas_ack"] = bad
+        with pytest.raises(ConfigError, match=rf"^usage_replicas_ack: {message}"):
+            topology_from_mapping(raw)
+
+
 def test_rtt_matrix_and_failback_window() -> None:
     raw = demo()
     raw["rtt_ms"] = {"eu-west": {"us-east": 70, "ap-southeast": 160.5}}

@@ -6,6 +6,7 @@ import asyncio
 import dataclasses
 from collections.abc import Callable
 from concurrent import futures
+from pathlib import Path
 
 import grpc
 import pytest
@@ -16,7 +17,7 @@ from common.basics.geo import GeoPoint
 from common.basics.vocabulary import Priority
 from common.config.access import AuthConfig, TenantConfig
 from common.config.node import Endpoint
-from common.config.topology import Topology, topology_from_mapping
+from common.config.topology import Topology, load_topology, topology_from_mapping
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
 from common.operations.admin import AdminService, TierHooks, subtree_index
@@ -370,3 +371,32 @@ async def test_reload_never_makes_a_still_valid_tenant_key_an_admin_key() -> Non
         service.guard.check(bearer("mk_tenant"))
     assert err.value.code == grpc.StatusCode.PERMISSION_DENIED
     service.guard.check(bearer("mk_admin"))
+
+
+async def test_reload_of_a_non_utf8_topology_is_failed_precondition_naming_the_file(
+    tmp_path: Path,
+) -> None:
+    """The README's code for a topology that does not validate, not UNKNOWN from a
+    UnicodeDecodeError; and nothing changes."""
+    path = tmp_path / "topology.yaml"
+    path.write_bytes("regions:\n- name: eu-west\xff\n".encode("latin-1"))
+    running = topology()
+    service = admin_service(running, running)
+    service.source = lambda: load_topology(path)
+    server = grpc.aio.server()
+    service.register(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as err:
+                await apb_grpc.AdminStub(channel).ReloadTopology(
+                    apb.ReloadTopologyRequest(), timeout=5
+                )
+    finally:
+        await server.stop(None)
+    assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert err.value.details() == (
+        f"topology not reloaded, nothing changed: {path}: not UTF-8 text (byte 0xff at offset 24)"
+    )
+    assert service.topology is running

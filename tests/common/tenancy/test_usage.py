@@ -1,17 +1,26 @@
 import asyncio
 import dataclasses
 import json
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 import redis
 
 from cli.usage import parse_time, usage_main
 from common.basics.redis_embed import EmbeddedRedis, free_port
-from common.tenancy.usage import UsageRecord, UsageRecorder, UsageTotals, summarise
+from common.tenancy.usage import (
+    USAGE_STREAM,
+    UsageRecord,
+    UsageRecorder,
+    UsageTotals,
+    summarise,
+)
+from common.tenancy.usage_state import stream_state
 
 STATUSES = ("OK", "OK", "OK", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 TENANTS = ("acme", "globex", "initech")
@@ -263,9 +272,11 @@ async def test_overflow_drops_the_oldest_and_counts_them(
     assert_totals_equal(got, expected_totals(records[50:]))
 
 
-async def test_failed_batch_goes_back_in_front_and_overflow_still_drops_oldest() -> None:
-    server = EmbeddedRedis()  # never started: every write fails
-    records = [make_record(i) for i in range(30)]
+async def test_failed_batch_is_retried_whole_first_and_overflow_drops_the_oldest_after_it(
+    sync_redis: redis.Redis,
+) -> None:
+    server = EmbeddedRedis()  # not started yet: every write fails
+    records = [make_record(i) for i in range(35)]
     recorder = UsageRecorder(server.url, buffer_limit=20, batch_size=10)
     try:
         for rec in records[:20]:
@@ -273,14 +284,97 @@ async def test_failed_batch_goes_back_in_front_and_overflow_still_drops_oldest()
         write = asyncio.create_task(recorder.flush())
         await asyncio.sleep(0)  # the first batch (records 0..9) is now in flight
         for rec in records[20:30]:
-            recorder.record(rec)  # buffer full again: 10..19 + 20..29
+            recorder.record(rec)  # buffer full again: 10..29
         with pytest.raises((redis.RedisError, OSError)):
             await write
-        # records 0..9 came back in front and pushed the oldest out: 0..9 are dropped
-        assert (recorder.pending, recorder.dropped) == (20, 10)
-        assert list(recorder._buffer) == records[10:30]
+        # 0..9 may have landed: kept apart, whole, to be retried under their batch id
+        assert (recorder.pending, recorder.dropped) == (30, 0)
+        for rec in records[30:35]:
+            recorder.record(rec)  # the buffer's oldest (10..14) make room
+        assert (recorder.pending, recorder.dropped) == (30, 5)
+        server.start()
+        await recorder.flush()
+        client = redis.Redis.from_url(server.url)
+        try:
+            ids = [UsageRecord.from_fields(f).request_id for _, f in client.xrange(USAGE_STREAM)]
+        finally:
+            client.close()
+        assert ids == [r.request_id for r in records[:10] + records[15:35]]
     finally:
         await recorder.stop(timeout_s=0.2)
+        server.close()
+
+
+BUSY_FOR = """
+local t = redis.call('TIME')
+local stop = t[1] * 1000000 + t[2] + tonumber(ARGV[1])
+repeat t = redis.call('TIME') until t[1] * 1000000 + t[2] >= stop
+return 1
+"""
+
+
+async def test_a_write_that_timed_out_but_landed_is_not_written_twice(
+    redis_server: EmbeddedRedis, stream: str, sync_redis: redis.Redis
+) -> None:
+    """Redis busy past the recorder's timeout: the batch lands after the recorder gave
+    up on it, and its retry (redis-py's own and the recorder's) must not add it again."""
+    records = [make_record(i) for i in range(45)]
+    recorder = UsageRecorder(redis_server.url, stream=stream, socket_timeout_s=0.1)
+    recorder.record(records[0])
+    await recorder.flush()  # connected, script loaded: the next try reaches Redis whole
+    for rec in records[1:]:
+        recorder.record(rec)
+    busy = threading.Thread(target=sync_redis.eval, args=(BUSY_FOR, 0, 700_000))
+    busy.start()
+    await asyncio.sleep(0.1)  # the script now holds Redis for 0.7 s
+    try:
+        with pytest.raises(redis.RedisError):
+            await recorder.flush()  # sent, not answered within 0.1 s
+        assert recorder.pending == 44
+    finally:
+        busy.join()
+    await _until(lambda: sync_redis.xlen(stream) == 45, timeout_s=2)  # Redis ran it once free
+    await recorder.flush()  # the retry finds the batch's marker
+    await recorder.stop()
+    assert (recorder.written, recorder.pending) == (45, 0)
+    entries = sync_redis.xrange(stream)
+    assert [UsageRecord.from_fields(f).request_id for _, f in entries] == [
+        r.request_id for r in records
+    ]
+
+
+async def test_sigkill_of_a_persistent_redis_loses_and_doubles_nothing(tmp_path: Path) -> None:
+    """appendfsync always: what Redis acknowledged is on disk when it is killed; what it
+    did not is retried; what landed unacknowledged is skipped by its batch marker."""
+    server = EmbeddedRedis(data_dir=tmp_path / "redis")
+    server.start()
+    records = [make_record(i) for i in range(600)]
+    recorder = UsageRecorder(server.url, flush_interval_s=0.01, batch_size=20)
+    recorder.start()
+    try:
+        for i, rec in enumerate(records):
+            recorder.record(rec)
+            if i % 10 == 0:
+                await asyncio.sleep(0.005)
+            if i == 300:
+                server.kill()  # mid-write, with batches in flight
+                server.start()
+        await _until(lambda: recorder.pending == 0, timeout_s=15)
+        client = redis.Redis.from_url(server.url)
+        try:
+            ids = [UsageRecord.from_fields(f).request_id for _, f in client.xrange(USAGE_STREAM)]
+        finally:
+            client.close()
+        assert sorted(ids) == sorted(r.request_id for r in records)  # each once
+        state = await stream_state(server.url)
+        assert (state.length, state.added, state.resets, state.warnings(None)[1:]) == (
+            600,
+            600,
+            0,
+            [],
+        )
+    finally:
+        await recorder.stop(timeout_s=1.0)
         server.close()
 
 
@@ -421,3 +515,58 @@ def test_usage_main_unreachable_redis_exits_2(capsys: pytest.CaptureFixture[str]
     assert time.monotonic() - started < 10
     err = capsys.readouterr().err
     assert f"cannot read meridian:usage from {url}" in err
+
+
+def replica_of(master: EmbeddedRedis) -> EmbeddedRedis:
+    """A started Redis replicating ``master``, its initial sync done."""
+    replica = EmbeddedRedis()
+    replica.start()
+    client = redis.Redis.from_url(replica.url)
+    try:
+        client.replicaof("127.0.0.1", master.port)
+        deadline = time.monotonic() + 10
+        while client.info("replication").get("master_link_status") != "up":
+            assert time.monotonic() < deadline, "replica never synced"
+            time.sleep(0.05)
+    finally:
+        client.close()
+    return replica
+
+
+async def test_with_replicas_ack_a_failover_keeps_every_written_record() -> None:
+    """WAIT: a batch counts as written only once the replica has it; while the replica is
+    gone batches are kept; after the master dies, the promoted replica has all of them."""
+    master = EmbeddedRedis()
+    master.start()
+    replica = replica_of(master)
+    recorder = UsageRecorder(master.url, replicas_ack=1, replicas_timeout_s=0.2, batch_size=10)
+    records = [make_record(i) for i in range(60)]
+    try:
+        for rec in records[:30]:
+            recorder.record(rec)
+        await recorder.flush()
+        replica.stop()
+        for rec in records[30:40]:
+            recorder.record(rec)
+        with pytest.raises(redis.RedisError, match="on 0 of the 1 replicas"):
+            await recorder.flush()  # written on the master, not acknowledged: kept
+        assert (recorder.written, recorder.pending) == (30, 10)
+        replica.close()
+        replica = replica_of(master)
+        for rec in records[40:]:
+            recorder.record(rec)
+        await recorder.flush()  # the kept batch is skipped on the master, then acknowledged
+        assert (recorder.written, recorder.pending) == (60, 0)
+        master.kill()
+        promoted = redis.Redis.from_url(replica.url)
+        try:
+            promoted.replicaof("NO", "ONE")
+            entries = promoted.xrange(USAGE_STREAM)
+        finally:
+            promoted.close()
+        ids = [UsageRecord.from_fields(f).request_id for _, f in entries]
+        assert ids == [r.request_id for r in records]
+    finally:
+        await recorder.stop(timeout_s=0.5)
+        replica.close()
+        master.close()

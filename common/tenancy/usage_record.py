@@ -1,0 +1,75 @@
+"""One usage record and the Redis keys of the usage stream (see ``common.tenancy.usage``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+USAGE_STREAM = "meridian:usage"
+OK_STATUS = "OK"
+
+
+def new_request_id() -> str:
+    return uuid.uuid4().hex
+
+
+@dataclasses.dataclass(frozen=True)
+class UsageRecord:
+    """What one finished request cost; ``status`` is a gRPC status name (``OK``, ``UNAVAILABLE``).
+
+    ``request_id`` is unique per request (uuid4 hex): the key ``summarise`` de-duplicates on.
+    """
+
+    tenant: str
+    model: str
+    region: str
+    zone: str
+    gpu: str
+    prompt_tokens: int
+    completion_tokens: int
+    gpu_seconds: float
+    status: str
+    trace_id: str
+    request_id: str
+    finished_at_ms: int
+
+    def to_fields(self) -> dict[str, str]:
+        """Flat string fields for XADD; ``repr`` keeps ``gpu_seconds`` exact."""
+        return {
+            f.name: repr(v) if isinstance(v := getattr(self, f.name), float) else str(v)
+            for f in dataclasses.fields(self)
+        }
+
+    @classmethod
+    def from_fields(cls, fields: Mapping[Any, Any]) -> UsageRecord:
+        """Inverse of ``to_fields``; accepts bytes or str, ignores unknown fields (newer
+        writers may add some). ``ValueError`` naming the field when one is missing or bad."""
+        text = {field_text(k): field_text(v) for k, v in fields.items()}
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name not in text:
+                raise ValueError(f"usage record has no field {f.name!r}")
+            raw = text[f.name]
+            try:
+                values[f.name] = (
+                    int(raw) if f.type == "int" else float(raw) if f.type == "float" else raw
+                )
+            except ValueError:
+                raise ValueError(f"usage record field {f.name!r}: bad value {raw!r}") from None
+        return cls(**values)
+
+
+def field_text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def meta_key(stream: str) -> str:
+    """The hash beside ``stream`` that says what was ever added to it, and when it began."""
+    return f"{stream}:meta"
+
+
+def batch_key(stream: str, batch_id: str) -> str:
+    """The marker of one written batch (its records are in ``stream`` exactly once)."""
+    return f"{stream}:batch:{batch_id}"
