@@ -7,6 +7,10 @@ from collections.abc import Sequence
 import grpc
 
 RETRY_AFTER_MS = "retry-after-ms"
+# Trailer on a refusal for the tenant's own quota, naming the limit (``max_concurrent``,
+# ``requests_per_s``, ``tokens_per_min``): every other child would refuse it too, so no
+# tier fails it over (``common.request.forwarding``); load shed for capacity has none.
+TENANT_QUOTA = "x-meridian-quota"
 
 
 class RouteError(Exception):
@@ -43,6 +47,15 @@ class RouteError(Exception):
     def exhausted(cls, message: str, retry_after_ms: int) -> RouteError:
         return cls(
             grpc.StatusCode.RESOURCE_EXHAUSTED, message, ((RETRY_AFTER_MS, str(retry_after_ms)),)
+        )
+
+    @classmethod
+    def over_quota(cls, message: str, retry_after_ms: int, limit: str) -> RouteError:
+        """RESOURCE_EXHAUSTED for a tenant's own limit: carries ``TENANT_QUOTA``."""
+        return cls(
+            grpc.StatusCode.RESOURCE_EXHAUSTED,
+            message,
+            ((RETRY_AFTER_MS, str(retry_after_ms)), (TENANT_QUOTA, limit)),
         )
 
     def __str__(self) -> str:

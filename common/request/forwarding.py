@@ -28,7 +28,7 @@ from opentelemetry import trace
 from opentelemetry.trace import Span
 
 from common.basics.backoff import backoff_delay_s
-from common.basics.errors import RETRY_AFTER_MS, RouteError
+from common.basics.errors import RETRY_AFTER_MS, TENANT_QUOTA, RouteError
 from common.capacity.summary import CAPACITY_HINT
 from common.request.balancer import Balancer, Lease, Outcome
 from common.request.children import Child
@@ -344,7 +344,9 @@ class Forwarder:
         trailers = exc.trailing_metadata()
         code, detail = exc.code(), exc.details() or ""
         self.settle(lease, code, trailers, detail)
-        if code in self.policy.failover_codes and not committed:
+        # A tenant's own quota (marked by its trailer) binds at every child alike.
+        over_quota = trailer(trailers, TENANT_QUOTA) is not None
+        if code in self.policy.failover_codes and not committed and not over_quota:
             return Failover(
                 lease.child.name, code, detail, trailers, child_down=not lease.child.healthy
             )

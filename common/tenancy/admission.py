@@ -1,10 +1,13 @@
 """What a request must pass before a tier forwards it, and what it leaves behind.
 
 The edge (global tier) authenticates the caller, checks what it asks for,
-and applies the tenant's shared rate limits; inner tiers cap each tenant's
-requests in flight. The edge also writes exactly one usage record per
-finished request. A tier without any of these (auth off, no limits) admits
-everything as the ``anonymous`` tenant.
+and applies every tenant quota, shared by its replicas through Redis: the rate
+limits (``common.tenancy.quota``) and ``max_concurrent``
+(``common.tenancy.concurrency``). Inner tiers count no quota: a request the edge
+admitted is the tenant's to run wherever it lands, and a quota refused below the
+edge would be failed over to another region. The edge also writes exactly one
+usage record per finished request. A tier without any of these (auth off, no
+limits) admits everything as the ``anonymous`` tenant.
 """
 
 from __future__ import annotations
@@ -21,7 +24,8 @@ from common.request.pick import PickRequest
 from common.request.routing import RouteHints
 from common.request.streaming import Release, no_release
 from common.tenancy.auth import Authenticator, asked_priority
-from common.tenancy.quota import ConcurrencyCaps, TenantRateLimiter
+from common.tenancy.concurrency import TenantConcurrency
+from common.tenancy.quota import TenantRateLimiter
 from common.tenancy.usage import UsageRecord, UsageRecorder
 
 
@@ -32,7 +36,7 @@ class Admission:
     auth: AuthConfig
     authenticator: Authenticator | None = None
     limiter: TenantRateLimiter | None = None
-    caps: ConcurrencyCaps | None = None
+    concurrency: TenantConcurrency | None = None
     usage: UsageRecorder | None = None
 
     async def start(self) -> None:
@@ -45,6 +49,8 @@ class Admission:
             await self.usage.stop()
         if self.limiter is not None:
             await self.limiter.close()
+        if self.concurrency is not None:
+            await self.concurrency.close()
 
     def tenant(self, tenant_id: str) -> TenantConfig:
         return self.auth.tenant(tenant_id) or ANONYMOUS
@@ -57,15 +63,25 @@ class Admission:
         return self.authenticator.authorise(tenant, hints, asked_priority(metadata))
 
     async def admit(self, hints: RouteHints, pick: PickRequest) -> Release:
-        """Apply the tenant's limits; returns the release to call when it finishes."""
+        """Apply the tenant's limits; returns the release to call when it finishes
+        (exactly once counts: a second call gives nothing back).
+
+        The concurrency lease is taken first: a request refused for being one too
+        many takes nothing from the rate limits; one refused by a rate limit gives
+        its lease straight back."""
         tenant = self.tenant(hints.tenant)
-        if self.limiter is not None and tenant is not ANONYMOUS:
-            await self.limiter.admit(tenant, int(pick.work_tokens))
-        if self.caps is not None and tenant.max_concurrent is not None:
-            self.caps.acquire(tenant)
-            caps = self.caps
-            return lambda: caps.release(tenant.id)
-        return no_release
+        if tenant is ANONYMOUS:
+            return no_release
+        release = no_release
+        if self.concurrency is not None:
+            release = await self.concurrency.acquire(tenant)
+        if self.limiter is not None:
+            try:
+                await self.limiter.admit(tenant, int(pick.work_tokens))
+            except BaseException:
+                release()
+                raise
+        return release
 
     # As a CallObserver of the call interceptor (common.request.call): one usage
     # record per finished inference call, at the edge only (``usage`` is set there).
@@ -99,16 +115,25 @@ class Admission:
 def edge_admission(
     auth: AuthConfig, redis_url: str, replicas: int = 1, usage_replicas_ack: int = 0
 ) -> Admission:
-    """The global tier's: API keys (when enabled), shared rate limits, usage records
-    (each batch on ``usage_replicas_ack`` Redis replicas before it counts as written)."""
+    """The global tier's: API keys (when enabled), shared rate limits and concurrency
+    caps, usage records (each batch on ``usage_replicas_ack`` Redis replicas before it
+    counts as written). ``replicas``: how many global replicas share the quotas (each
+    one's fallback while Redis is down is its 1/replicas share)."""
     limited = any(t.requests_per_s or t.tokens_per_min for t in auth.tenants)
+    capped = any(t.max_concurrent is not None for t in auth.tenants)
+    # 200 ms: a busy event loop must not push a replica onto its fallback share.
+    timeout_s = 0.2
     return Admission(
         auth,
         authenticator=Authenticator(auth) if auth.enabled else None,
-        # 200 ms: a busy event loop must not push a replica onto its fallback share.
         limiter=(
-            TenantRateLimiter(redis_url, replicas=replicas, redis_timeout_s=0.2)
+            TenantRateLimiter(redis_url, replicas=replicas, redis_timeout_s=timeout_s)
             if limited
+            else None
+        ),
+        concurrency=(
+            TenantConcurrency(redis_url, replicas=replicas, redis_timeout_s=timeout_s)
+            if capped
             else None
         ),
         usage=UsageRecorder(redis_url, replicas_ack=usage_replicas_ack),
@@ -116,5 +141,5 @@ def edge_admission(
 
 
 def inner_admission(auth: AuthConfig) -> Admission:
-    """A regional or local tier's: per-tenant caps on requests in flight."""
-    return Admission(auth, caps=ConcurrencyCaps())
+    """A regional or local tier's: no quota (the edge holds them all for the fleet)."""
+    return Admission(auth)

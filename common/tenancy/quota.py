@@ -1,8 +1,8 @@
-"""Tenant quotas: shared rate limits at the edge, in-flight caps at the inner tiers.
+"""Tenant rate limits, shared by every replica of the edge (the global tier).
 
 ``TenantRateLimiter`` enforces a tenant's ``requests_per_s`` and ``tokens_per_min``
-across every replica of the global tier with GCRA in one Redis script;
-``ConcurrencyCaps`` caps a tenant's requests in flight inside one process.
+across every replica of the global tier with GCRA in one Redis script (its
+``max_concurrent`` is ``common.tenancy.concurrency``'s).
 
 GCRA (the generic cell rate algorithm) keeps one number per limit, the
 *theoretical arrival time* (TAT): when the bucket would be empty again. A
@@ -18,34 +18,17 @@ than ``burst`` never does.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
 
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import NoScriptError, RedisError
-
-from common.basics.backoff import Backoff
 from common.basics.errors import RouteError
 from common.config.access import TenantConfig
-
-log = logging.getLogger(__name__)
-
-Clock = Callable[[], float]
-Reply = Awaitable[list[int]]
+from common.tenancy.shared_redis import Clock, QuotaRedis, RedisDown, Script
 
 # Bursts: one second of requests, ten seconds of tokens (see request_burst/token_burst).
 TOKEN_BURST_S = 10.0
-# Re-try Redis after an outage no sooner than this, doubling up to the max.
-RETRY_MIN_S = 0.5
-RETRY_MAX_S = 5.0
 
 
 def request_burst(requests_per_s: float) -> float:
@@ -113,44 +96,56 @@ def raise_if_over(tenant: TenantConfig, limits: Sequence[Limit], waits: Sequence
         return
     retry_after_ms = max(1, math.ceil(max(wait for _, wait in over) * 1000))
     names = " and its ".join(f"{limit.name} limit ({limit.value:g})" for limit, _ in over)
-    raise RouteError.exhausted(
+    raise RouteError.over_quota(
         f"tenant '{tenant.id}' is over its {names}; retry after {retry_after_ms} ms",
         retry_after_ms,
+        ",".join(limit.name for limit, _ in over),
     )
 
 
 # All limits of one request in one step, all or nothing: a request refused by one
 # limit takes nothing from the other. Time is Redis's TIME, in µs, so every replica
 # reads one clock (no skew between hosts). TATs are stored as integer µs strings
-# with a PX expiry at the TAT: an idle tenant's keys vanish.
-GCRA_SCRIPT = """
+# with a PX expiry at the TAT: an idle tenant's keys vanish. Per limit, ARGV holds
+# interval, tolerance (burst × interval), cost, the caller's *floor* (how far ahead
+# of now its own copy of the TAT is) and whether to *force* it. The floor raises a
+# missing TAT (a Redis that restarted empty gives no fresh burst) and, forced, a
+# stored one that missed what the caller admitted in process while Redis was down.
+# The reply holds, per limit, the wait (0: conforms) and the TAT − now that results.
+GCRA = Script("""
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local tats, waits, over = {}, {}, false
+local tats, reply, over = {}, {}, false
 for i, key in ipairs(KEYS) do
-  local interval = tonumber(ARGV[3 * i - 2])
-  local tolerance = tonumber(ARGV[3 * i - 1])
-  local cost = tonumber(ARGV[3 * i])
-  local tat = tonumber(redis.call('GET', key)) or now
-  if tat < now then tat = now end
+  local interval = tonumber(ARGV[5 * i - 4])
+  local tolerance = tonumber(ARGV[5 * i - 3])
+  local cost = tonumber(ARGV[5 * i - 2])
+  local stored = tonumber(redis.call('GET', key))
+  local tat = math.max(stored or now, now)
+  if stored == nil or ARGV[5 * i] == '1' then
+    tat = math.max(tat, now + tonumber(ARGV[5 * i - 1]))
+  end
   tats[i] = tat + cost * interval
   local wait = tats[i] - tolerance - now
   if wait > 0 then
-    waits[i] = math.ceil(wait)
+    reply[2 * i - 1] = math.ceil(wait)
     over = true
   else
-    waits[i] = 0
+    reply[2 * i - 1] = 0
   end
+  reply[2 * i] = math.floor(tat - now)
 end
 if not over then
   for i, key in ipairs(KEYS) do
     local ttl = math.max(1, math.ceil((tats[i] - now) / 1000))
     redis.call('SET', key, string.format('%.0f', tats[i]), 'PX', ttl)
+    reply[2 * i] = math.floor(tats[i] - now)
   end
 end
-return waits
-"""
-GCRA_SHA = hashlib.sha1(GCRA_SCRIPT.encode()).hexdigest()
+return reply
+""")
+GCRA_SCRIPT = GCRA.text
+GCRA_SHA = GCRA.sha
 
 
 class TenantRateLimiter:
@@ -162,18 +157,32 @@ class TenantRateLimiter:
     and ``tokens`` (prompt + max_tokens) against tokens_per_min; bursts are one
     second of requests and ten seconds of tokens. Over either limit:
     RESOURCE_EXHAUSTED naming the limit, with ``retry-after-ms`` = when it would
-    conform; a request larger than the token burst: INVALID_ARGUMENT. A tenant
-    with neither limit is admitted without touching Redis.
+    conform and ``x-meridian-quota`` (never failed over); a request larger than
+    the token burst: INVALID_ARGUMENT. A tenant with neither limit is admitted
+    without touching Redis.
 
-    Failure mode: a Redis call gets ``redis_timeout_s`` (50 ms) to connect and to
-    answer, never a client-side retry. When it fails, this replica falls back to
-    an in-process GCRA at ``rate / replicas`` with ``burst / replicas`` (at least
-    the request's cost), so the replicas together stay near the shared limit; it
-    logs one warning, serves from the fallback without touching Redis, and
-    re-tries Redis with one request after a back-off (0.5 s doubling to 5 s).
-    When Redis answers again it logs one info and drops the fallback state.
+    Failure mode (``QuotaRedis``): bounded calls, one retry on a new connection,
+    so a broken pooled connection never flips it. When Redis is down this replica
+    limits in process at ``rate / replicas`` with ``burst / replicas`` (at least
+    the request's cost), so the replicas together stay near the shared limit, and
+    re-tries Redis after a back-off.
 
-    Caches: only the fallback TATs, one float per tenant and limit, while degraded.
+    The fallback keeps its bucket across flips: every Redis reply sets this
+    replica's copy of each TAT to where the shared one is (TAT − now, added to the
+    time the call was sent, so the copy never runs ahead of the shared TAT), and the
+    copy is never cleared. Measured as TAT − now, a bucket is the same fraction
+    full at the shared scale and at a replica's share, so a fallback starts where
+    the shared state was, never from a full burst. Back on Redis, the copy is the
+    script's floor: it raises a TAT a restarted Redis lost, and the first call
+    after admitting in process forces it over a stored TAT that missed those
+    admissions. Bound: across an outage (Redis down, restarted empty, or its
+    connections killed) the fleet admits at most one burst more than the limit
+    (``burst + rate × t`` units in any ``t`` seconds); that burst is what replicas
+    whose copy was older than the shared state may hand out in process (with one
+    replica: nothing), and a fresh burst from a restarted Redis never comes on top.
+
+    Caches: that copy, one float per tenant and limit (tenants come from config),
+    and which copies took steps in process since their last Redis reply.
     """
 
     def __init__(
@@ -190,64 +199,64 @@ class TenantRateLimiter:
         self.replicas = replicas
         self.clock = clock
         self.key_prefix = key_prefix
-        self.redis_timeout_s = redis_timeout_s
-        self.redis = aioredis.Redis.from_url(
+        self.shared = QuotaRedis(
             redis_url,
-            socket_timeout=redis_timeout_s,
-            socket_connect_timeout=redis_timeout_s,
-            retry=Retry(NoBackoff(), 0),
+            what="quota",
+            fallback=f"limiting in process at 1/{replicas} of each tenant's limit",
+            timeout_s=redis_timeout_s,
+            clock=clock,
         )
-        self.degraded = False
-        self.outages = 0  # times this replica fell back (for metrics and tests)
-        # Re-trying Redis while degraded: RETRY_MIN_S doubling to RETRY_MAX_S.
-        self._backoff = Backoff(RETRY_MIN_S, RETRY_MAX_S)
-        self._backoff_s = 0.0
-        self._retry_at = 0.0
+        # This replica's copy of each TAT ("<tenant>:rps|tpm"), in its own clock.
         self._local: dict[str, float] = {}
+        # Copies that admitted in process since Redis last took their floor.
+        self._unsynced: set[str] = set()
+
+    @property
+    def degraded(self) -> bool:
+        return self.shared.degraded
+
+    @property
+    def outages(self) -> int:
+        """Times this replica fell back (for metrics and tests)."""
+        return self.shared.outages
 
     async def close(self) -> None:
-        await self.redis.aclose()
+        await self.shared.close()
 
     async def admit(self, tenant: TenantConfig, tokens: int) -> None:
         """Take one request of ``tokens`` from the tenant's limits, or raise RouteError."""
         limits = tenant_limits(tenant, tokens)
         if not limits:
             return
-        if self._redis_due():
+        waits = None
+        if self.shared.due():
             try:
                 waits = await self._admit_redis(tenant.id, limits)
-            except (RedisError, OSError) as exc:
-                self._redis_failed(exc)
-                waits = self._admit_local(tenant.id, limits)
-            else:
-                self._redis_ok()
-        else:
+            except RedisDown:
+                pass
+        if waits is None:
             waits = self._admit_local(tenant.id, limits)
         raise_if_over(tenant, limits, waits)
 
-    def _redis_due(self) -> bool:
-        if not self.degraded:
-            return True
-        now = self.clock()
-        if now < self._retry_at:
-            return False
-        # This request probes Redis; the others stay local until it has answered.
-        self._retry_at = now + self._backoff_s
-        return True
-
     async def _admit_redis(self, tenant_id: str, limits: Sequence[Limit]) -> list[float]:
         keys = [f"{self.key_prefix}:{{{tenant_id}}}:{limit.key}" for limit in limits]
+        copies = [f"{tenant_id}:{limit.key}" for limit in limits]
+        sent = self.clock()
         args: list[str] = []
-        for limit in limits:
+        for limit, copy in zip(limits, copies, strict=True):
             interval_us = limit.interval_s * 1e6
-            args += [repr(interval_us), repr(limit.burst * interval_us), repr(limit.cost)]
-        # Connect + EVALSHA (+ EVAL after a Redis restart): bounded as a whole too.
-        async with asyncio.timeout(3 * self.redis_timeout_s):
-            try:
-                reply = await cast(Reply, self.redis.evalsha(GCRA_SHA, len(keys), *keys, *args))
-            except NoScriptError:
-                reply = await cast(Reply, self.redis.eval(GCRA_SCRIPT, len(keys), *keys, *args))
-        return [int(wait_us) / 1e6 for wait_us in reply]
+            tolerance_us = limit.burst * interval_us
+            ahead_us = (self._local.get(copy, sent) - sent) * 1e6
+            floor_us = min(max(0.0, ahead_us), tolerance_us)
+            force = "1" if copy in self._unsynced else "0"
+            args += [repr(interval_us), repr(tolerance_us), repr(limit.cost), repr(floor_us), force]
+        reply = await self.shared.run(GCRA, keys, args)
+        waits = [int(reply[2 * i]) / 1e6 for i in range(len(limits))]
+        for i, copy in enumerate(copies):
+            self._local[copy] = sent + int(reply[2 * i + 1]) / 1e6
+        if all(wait == 0 for wait in waits):  # stored: Redis has what the copies had
+            self._unsynced.difference_update(copies)
+        return waits
 
     def _admit_local(self, tenant_id: str, limits: Sequence[Limit]) -> list[float]:
         """GCRA in process at this replica's share of each limit; all or nothing."""
@@ -261,63 +270,5 @@ class TenantRateLimiter:
         if all(wait == 0 for _, _, wait in steps):
             for key, tat, _ in steps:
                 self._local[key] = tat
+                self._unsynced.add(key)
         return [wait for _, _, wait in steps]
-
-    def _redis_failed(self, exc: BaseException) -> None:
-        if not self.degraded:
-            self.degraded = True
-            self.outages += 1
-            self._backoff.reset()
-            self._backoff_s = self._backoff.next_s()
-            log.warning(
-                "quota: redis unavailable (%s); limiting in process at 1/%d of each tenant's "
-                "limit, re-trying redis with back-off",
-                exc.__class__.__name__,
-                self.replicas,
-            )
-        else:
-            self._backoff_s = self._backoff.next_s()
-        self._retry_at = self.clock() + self._backoff_s
-
-    def _redis_ok(self) -> None:
-        if self.degraded:
-            log.info("quota: redis is back; tenant limits are shared again")
-            self.degraded = False
-            self._backoff.reset()
-            self._backoff_s = 0.0
-            self._local.clear()
-
-
-class ConcurrencyCaps:
-    """Per-tenant requests in flight in this process, capped at ``max_concurrent``.
-
-    Counts every tenant (uncapped ones too) so ``in_flight`` is always true; an
-    entry is dropped when it reaches zero, so idle tenants cost nothing. O(1),
-    synchronous, one event loop. A release without an acquire is ignored: the
-    count never goes negative. When a slot frees cannot be known, so the
-    ``retry-after-ms`` on a refusal is a fixed hint (``retry_after_ms``).
-    """
-
-    def __init__(self, *, retry_after_ms: int = 100) -> None:
-        self.retry_after_ms = retry_after_ms
-        self._in_flight: dict[str, int] = {}
-
-    def acquire(self, tenant: TenantConfig) -> None:
-        n = self._in_flight.get(tenant.id, 0)
-        if tenant.max_concurrent is not None and n >= tenant.max_concurrent:
-            raise RouteError.exhausted(
-                f"tenant '{tenant.id}' has {n} requests in flight, its limit (max_concurrent); "
-                "retry when one finishes",
-                self.retry_after_ms,
-            )
-        self._in_flight[tenant.id] = n + 1
-
-    def release(self, tenant_id: str) -> None:
-        n = self._in_flight.get(tenant_id, 0)
-        if n > 1:
-            self._in_flight[tenant_id] = n - 1
-        else:
-            self._in_flight.pop(tenant_id, None)
-
-    def in_flight(self, tenant_id: str) -> int:
-        return self._in_flight.get(tenant_id, 0)

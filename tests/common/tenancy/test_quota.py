@@ -9,12 +9,11 @@ import grpc
 import pytest
 import redis
 
-from common.basics.errors import RETRY_AFTER_MS, RouteError
+from common.basics.errors import RETRY_AFTER_MS, TENANT_QUOTA, RouteError
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.access import TenantConfig
 from common.tenancy.quota import (
     GCRA_SHA,
-    ConcurrencyCaps,
     TenantRateLimiter,
     gcra,
     request_burst,
@@ -22,6 +21,7 @@ from common.tenancy.quota import (
 )
 
 LimiterFactory = Callable[..., TenantRateLimiter]
+QUOTA_LOG = "common.tenancy.shared_redis"
 
 
 def tenant(
@@ -225,7 +225,7 @@ async def test_exhausted_error_names_the_limit_and_carries_retry_after(
     await limiter.admit(who, 1)
     err = await refusal(limiter, who, 1)
     wait_ms = retry_after_ms(err)
-    assert err.trailers == ((RETRY_AFTER_MS, str(wait_ms)),)
+    assert err.trailers == ((RETRY_AFTER_MS, str(wait_ms)), (TENANT_QUOTA, "requests_per_s"))
     assert err.message.startswith(f"tenant '{who.id}' is over its requests_per_s limit (2)")
     assert f"retry after {wait_ms} ms" in err.message
 
@@ -289,7 +289,7 @@ async def test_script_is_loaded_again_after_redis_forgets_it(
 async def test_redis_down_falls_back_to_rate_over_replicas_then_shares_again(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.INFO, logger="common.tenancy.quota")
+    caplog.set_level(logging.INFO, logger=QUOTA_LOG)
     server = EmbeddedRedis()
     server.start()
     clock = FakeClock()
@@ -310,7 +310,7 @@ async def test_redis_down_falls_back_to_rate_over_replicas_then_shares_again(
         assert all(13 <= n <= 15 for n in counts), counts  # burst 5 + 5/s × 2 s
         assert sum(counts) <= 10 * 2 + 10  # within the shared limit's bound
         assert all(limiter.degraded and limiter.outages == 1 for limiter in replicas)
-        ours = [r for r in caplog.records if r.name == "common.tenancy.quota"]
+        ours = [r for r in caplog.records if r.name == QUOTA_LOG]
         warnings = [r for r in ours if r.levelno == logging.WARNING]
         assert len(warnings) == 2  # one per replica, however many re-tries failed
 
@@ -327,7 +327,7 @@ async def test_redis_down_falls_back_to_rate_over_replicas_then_shares_again(
         infos = [
             r
             for r in caplog.records
-            if r.name == "common.tenancy.quota" and r.levelno == logging.INFO
+            if r.name == QUOTA_LOG and r.levelno == logging.INFO
         ]
         assert len(infos) == 2 and all("back" in r.message for r in infos)
     finally:
@@ -353,49 +353,3 @@ async def test_unresponsive_redis_never_blocks_a_request_beyond_the_timeout(
         for _ in range(100):  # inside the back-off: not even one more try
             await limiter.admit(who, 1)
         assert time.monotonic() - start < 0.25
-
-
-# --------------------------------------------------------------------------- ConcurrencyCaps
-
-
-def test_caps_admit_up_to_max_concurrent_then_exhausted() -> None:
-    caps, who = ConcurrencyCaps(), tenant(max_concurrent=2)
-    caps.acquire(who)
-    caps.acquire(who)
-    with pytest.raises(RouteError) as info:
-        caps.acquire(who)
-    assert info.value.code == grpc.StatusCode.RESOURCE_EXHAUSTED
-    assert info.value.message.startswith(
-        f"tenant '{who.id}' has 2 requests in flight, its limit (max_concurrent)"
-    )
-    assert RETRY_AFTER_MS in dict(info.value.trailers)
-    assert caps.in_flight(who.id) == 2
-
-
-def test_caps_release_frees_a_slot() -> None:
-    caps, who = ConcurrencyCaps(), tenant(max_concurrent=1)
-    caps.acquire(who)
-    caps.release(who.id)
-    assert caps.in_flight(who.id) == 0
-    caps.acquire(who)
-    assert caps.in_flight(who.id) == 1
-
-
-def test_caps_release_never_goes_negative() -> None:
-    caps, who = ConcurrencyCaps(), tenant(max_concurrent=1)
-    caps.release(who.id)
-    caps.release(who.id)
-    assert caps.in_flight(who.id) == 0
-    caps.acquire(who)  # a stray release gave no extra slot
-    with pytest.raises(RouteError):
-        caps.acquire(who)
-
-
-def test_caps_count_uncapped_tenants_and_never_refuse_them() -> None:
-    caps, who = ConcurrencyCaps(), tenant()
-    for _ in range(1000):
-        caps.acquire(who)
-    assert caps.in_flight(who.id) == 1000
-    for _ in range(1000):
-        caps.release(who.id)
-    assert caps.in_flight(who.id) == 0 and caps._in_flight == {}  # idle tenants cost nothing

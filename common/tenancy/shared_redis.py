@@ -1,0 +1,180 @@
+"""The Redis a quota counts in, and whether it can be used right now.
+
+``QuotaRedis`` runs one quota's Lua scripts (rate limits in
+``common.tenancy.quota``, concurrency leases in ``common.tenancy.concurrency``)
+and owns the one decision both share: when Redis counts as down, so that the
+quota falls back to counting in process.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import cast
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, RedisError
+
+from common.basics.backoff import Backoff
+
+log = logging.getLogger(__name__)
+
+Clock = Callable[[], float]
+Reply = Awaitable[list[int]]
+
+# Re-try Redis after an outage no sooner than this, doubling up to the max.
+RETRY_MIN_S = 0.5
+RETRY_MAX_S = 5.0
+# A call's connect + EVALSHA (+ EVAL after a Redis restart), bounded as a whole.
+CALL_TIMEOUTS = 3
+
+
+class RedisDown(Exception):
+    """Redis did not answer a quota's call: count in process instead."""
+
+
+@dataclass(frozen=True)
+class Script:
+    """A Lua script, sent by its SHA-1 (EVALSHA) and as text only when Redis lacks it."""
+
+    text: str
+    sha: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "sha", hashlib.sha1(self.text.encode()).hexdigest())
+
+
+def _broken_connection(exc: BaseException) -> bool:
+    """The connection failed (reset, closed by the server, refused), not a slow answer:
+    a new connection may well succeed. Builtin TimeoutError is an OSError, not this."""
+    return isinstance(exc, (RedisConnectionError, ConnectionError))
+
+
+class QuotaRedis:
+    """A quota's Redis client: bounded calls, one retry on a new connection, back-off.
+
+    Every call gets ``timeout_s`` to connect and to answer (redis-py's own retries
+    off) and ``CALL_TIMEOUTS × timeout_s`` as a whole. A call whose connection
+    broke (``ConnectionError``: reset, closed by the server, refused) is sent once
+    more after every idle pooled connection is dropped, so it goes out on a new
+    one: after a Redis restart or a ``CLIENT KILL`` every pooled connection is
+    broken, and without this each would fail one call and flip the quota to its
+    fallback. A timeout is not retried (a new connection would wait as long).
+
+    Only when that retry fails too, or the call timed out, is Redis *down*:
+    ``degraded`` is set, ``outages`` counts it, one warning is logged, and
+    ``due()`` lets one call through to probe Redis after a back-off (0.5 s
+    doubling to 5 s) while the others stay in process. The first call that
+    succeeds again logs one info and clears ``degraded``. ``reconnects`` counts
+    calls that needed the new connection (a restart the quota may want to know of).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        what: str,
+        fallback: str,
+        timeout_s: float = 0.05,
+        clock: Clock = time.time,
+    ) -> None:
+        # The log lines: which quota, and what it does while Redis is down.
+        self.what = what
+        self.fallback = fallback
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.client = aioredis.Redis.from_url(
+            url,
+            socket_timeout=timeout_s,
+            socket_connect_timeout=timeout_s,
+            retry=Retry(NoBackoff(), 0),
+        )
+        self.degraded = False
+        self.outages = 0
+        self.reconnects = 0
+        self._backoff = Backoff(RETRY_MIN_S, RETRY_MAX_S)
+        self._backoff_s = 0.0
+        self._retry_at = 0.0
+
+    async def close(self) -> None:
+        await self.client.aclose()
+
+    def due(self) -> bool:
+        """Whether this call should try Redis: always while it is up; while it is
+        down, one call per back-off period (the probe), the others stay in process."""
+        if not self.degraded:
+            return True
+        now = self.clock()
+        if now < self._retry_at:
+            return False
+        self._retry_at = now + self._backoff_s
+        return True
+
+    async def run(
+        self,
+        script: Script,
+        keys: Sequence[str],
+        args: Sequence[str],
+        *,
+        reconnected: Callable[[], Awaitable[None]] | None = None,
+    ) -> list[int]:
+        """The script's reply; ``RedisDown`` (state updated, logged) when Redis failed.
+        ``reconnected`` runs before the retry on a new connection (Redis may have
+        restarted empty: a caller may have state to put back first)."""
+        try:
+            try:
+                reply = await self._run_once(script, keys, args)
+            except (RedisError, OSError) as exc:
+                if not _broken_connection(exc):
+                    raise
+                self.reconnects += 1
+                with contextlib.suppress(RedisError, OSError):  # broken ones may fail to close
+                    await self.client.connection_pool.disconnect(inuse_connections=False)
+                if reconnected is not None:
+                    await reconnected()
+                reply = await self._run_once(script, keys, args)
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            raise RedisDown(f"{exc.__class__.__name__}: {exc}") from exc
+        self._ok()
+        return reply
+
+    async def _run_once(
+        self, script: Script, keys: Sequence[str], args: Sequence[str]
+    ) -> list[int]:
+        async with asyncio.timeout(CALL_TIMEOUTS * self.timeout_s):
+            try:
+                return await cast(Reply, self.client.evalsha(script.sha, len(keys), *keys, *args))
+            except NoScriptError:
+                return await cast(Reply, self.client.eval(script.text, len(keys), *keys, *args))
+
+    def _failed(self, exc: BaseException) -> None:
+        if not self.degraded:
+            self.degraded = True
+            self.outages += 1
+            self._backoff.reset()
+            self._backoff_s = self._backoff.next_s()
+            log.warning(
+                "%s: redis unavailable (%s); %s, re-trying redis with back-off",
+                self.what,
+                exc.__class__.__name__,
+                self.fallback,
+            )
+        else:
+            self._backoff_s = self._backoff.next_s()
+        self._retry_at = self.clock() + self._backoff_s
+
+    def _ok(self) -> None:
+        if self.degraded:
+            log.info("%s: redis is back; counting in redis again", self.what)
+            self.degraded = False
+            self._backoff.reset()
+            self._backoff_s = 0.0
