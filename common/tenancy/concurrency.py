@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from common.basics.errors import RouteError
 from common.config.access import TenantConfig
 from common.request.streaming import Release, no_release
-from common.tenancy.shared_redis import Clock, QuotaRedis, RedisDown, Script
+from common.tenancy.shared_redis import Clock, QuotaRedis, RedisDown, Script, raise_lost_cancel
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +129,7 @@ class TenantConcurrency:
         self._sync_lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._keeper: asyncio.Task[None] | None = None
+        self._closing = False
 
     @property
     def degraded(self) -> bool:
@@ -156,9 +157,14 @@ class TenantConcurrency:
         if self.shared.due():
             try:
                 held = await self._acquire_shared(tenant.id, lease, cap)
+                raise_lost_cancel()
+            except BaseException:
+                held = None
+                raise
             finally:
                 if held is None:  # failed or cancelled: the lease may have reached Redis
                     self._leases(tenant.id).released.add(lease)
+                    self._wake.set()
         if held is None:  # Redis is down: counted in process
             lease, held = uuid.uuid4().hex, self._acquire_local(tenant.id, cap)
         if held < 0:
@@ -240,7 +246,7 @@ class TenantConcurrency:
         """Releases out at once, renewals on their cadence, and at once after a reconnect."""
         loop = asyncio.get_running_loop()
         renew_at = loop.time() + self.renew_every_s
-        while True:
+        while not self._closing:
             if not self._resync_pending() or self.shared.degraded:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(max(0.0, renew_at - loop.time())):
@@ -255,10 +261,11 @@ class TenantConcurrency:
 
     async def close(self) -> None:
         """Stop the keeper; give back every lease still here (best effort); close Redis."""
+        self._closing = True
         if self._keeper is not None:
-            self._keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._keeper
+            # Not cancelled: a cancellation may be lost inside redis-py (raise_lost_cancel).
+            self._wake.set()
+            await self._keeper
             self._keeper = None
         for leases in self._tenants.values():
             leases.released |= leases.live

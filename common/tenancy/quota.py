@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 from common.basics.errors import RouteError
 from common.config.access import TenantConfig
-from common.tenancy.shared_redis import Clock, QuotaRedis, RedisDown, Script
+from common.tenancy.shared_redis import Clock, QuotaRedis, RedisDown, Script, raise_lost_cancel
 
 # Bursts: one second of requests, ten seconds of tokens (see request_burst/token_burst).
 TOKEN_BURST_S = 10.0
@@ -234,6 +234,7 @@ class TenantRateLimiter:
                 waits = await self._admit_redis(tenant.id, limits)
             except RedisDown:
                 pass
+            raise_lost_cancel()
         if waits is None:
             waits = self._admit_local(tenant.id, limits)
         raise_if_over(tenant, limits, waits)

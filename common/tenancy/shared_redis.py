@@ -58,6 +58,17 @@ def _broken_connection(exc: BaseException) -> bool:
     return isinstance(exc, (RedisConnectionError, ConnectionError))
 
 
+def raise_lost_cancel() -> None:
+    """Raise the cancellation of this task if a call swallowed it.
+
+    Python 3.11's ``asyncio.wait_for``, which redis-py uses, returns the result
+    and drops a cancellation that arrived as the result did (gh-86296): a
+    cancelled request would go on as if nothing happened."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
+
+
 class QuotaRedis:
     """A quota's Redis client: bounded calls, one retry on a new connection, back-off.
 

@@ -12,7 +12,7 @@ import grpc
 import pytest
 import redis
 
-from common.basics.errors import RETRY_AFTER_MS, RouteError
+from common.basics.errors import RETRY_AFTER_MS, TENANT_QUOTA, RouteError
 from common.basics.redis_embed import EmbeddedRedis
 from common.basics.vocabulary import Priority
 from common.config.access import AuthConfig, TenantConfig
@@ -87,7 +87,13 @@ async def test_edge_without_limits_has_no_limiter(edges: EdgeFactory) -> None:
     assert admission.authenticator is not None
     assert admission.limiter is None
     assert admission.usage is not None
-    assert admission.caps is None
+    assert admission.concurrency is None
+
+
+async def test_edge_with_a_capped_tenant_holds_the_cap(edges: EdgeFactory) -> None:
+    admission = edges(tenant(max_concurrent=2))
+    assert admission.concurrency is not None
+    assert admission.limiter is None
 
 
 async def test_edge_with_auth_off_has_no_authenticator(edges: EdgeFactory) -> None:
@@ -95,9 +101,11 @@ async def test_edge_with_auth_off_has_no_authenticator(edges: EdgeFactory) -> No
     assert admission.authenticator is None
 
 
-def test_inner_has_caps_only() -> None:
+def test_inner_tiers_count_no_quota() -> None:
+    """The edge holds every quota for the fleet: an inner tier's refusal would only be
+    failed over to another region."""
     admission = inner_admission(AuthConfig(enabled=True, tenants=(tenant(max_concurrent=1),)))
-    assert admission.caps is not None
+    assert admission.concurrency is None
     assert admission.authenticator is None
     assert admission.limiter is None
     assert admission.usage is None
@@ -217,47 +225,72 @@ async def test_anonymous_is_never_rate_limited(edges: EdgeFactory) -> None:
 # ------------------------------------------------------------------ concurrency caps
 
 
-async def test_cap_refuses_past_max_concurrent_and_a_release_frees_a_slot() -> None:
+async def test_cap_refuses_past_max_concurrent_and_a_release_frees_a_slot(
+    edges: EdgeFactory,
+) -> None:
     who = tenant(max_concurrent=2)
-    admission = inner_admission(AuthConfig(enabled=True, tenants=(who,)))
-    hints = inner_hints(who.id)
+    admission = edges(who)
+    hints = admission.identify(key_of(who), edge_hints(key_of(who)))
     first = await admission.admit(hints, pick())
     await admission.admit(hints, pick())
     err = await refusal(admission, hints, pick())
     assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
     assert "max_concurrent" in err.message
-    assert dict(err.trailers)[RETRY_AFTER_MS] == "100"
+    assert dict(err.trailers) == {RETRY_AFTER_MS: "100", TENANT_QUOTA: "max_concurrent"}
     first()
-    assert admission.caps is not None and admission.caps.in_flight(who.id) == 1
+    assert admission.concurrency is not None and admission.concurrency.in_flight(who.id) == 1
     await admission.admit(hints, pick())
-    assert admission.caps.in_flight(who.id) == 2
+    assert admission.concurrency.in_flight(who.id) == 2
 
 
-async def test_release_twice_never_frees_a_slot_it_did_not_take() -> None:
+async def test_release_twice_never_frees_a_slot_it_did_not_take(edges: EdgeFactory) -> None:
     who = tenant(max_concurrent=1)
-    admission = inner_admission(AuthConfig(enabled=True, tenants=(who,)))
-    assert admission.caps is not None
-    release = await admission.admit(inner_hints(who.id), pick())
+    admission = edges(who)
+    hints = admission.identify(key_of(who), edge_hints(key_of(who)))
+    assert admission.concurrency is not None
+    release = await admission.admit(hints, pick())
     release()
     release()
-    assert admission.caps.in_flight(who.id) == 0
-    await admission.admit(inner_hints(who.id), pick())
-    err = await refusal(admission, inner_hints(who.id), pick())
+    assert admission.concurrency.in_flight(who.id) == 0
+    await admission.admit(hints, pick())
+    err = await refusal(admission, hints, pick())
     assert err.code == grpc.StatusCode.RESOURCE_EXHAUSTED
 
 
-async def test_uncapped_and_unknown_tenants_are_not_counted() -> None:
-    uncapped = tenant()
-    admission = inner_admission(AuthConfig(enabled=True, tenants=(uncapped,)))
-    assert admission.caps is not None
-    for hints in (
-        inner_hints(uncapped.id),
-        inner_hints("not-configured"),
-        parse_hints([], trust_internal=True),
-    ):
-        for _ in range(10):
-            await admission.admit(hints, pick())
-        assert admission.caps.in_flight(hints.tenant) == 0
+async def test_uncapped_and_anonymous_callers_take_no_lease(edges: EdgeFactory) -> None:
+    uncapped, capped = tenant(), tenant(max_concurrent=1)
+    admission = edges(uncapped, capped)
+    assert admission.concurrency is not None
+    hints = admission.identify(key_of(uncapped), edge_hints(key_of(uncapped)))
+    for _ in range(10):
+        await admission.admit(hints, pick())
+    assert admission.concurrency.in_flight(uncapped.id) == 0
+    anonymous = edges(capped, enabled=False)
+    for _ in range(10):
+        await anonymous.admit(anonymous.identify([], edge_hints([])), pick())
+
+
+async def test_a_request_over_its_rate_gives_its_lease_straight_back(edges: EdgeFactory) -> None:
+    who = tenant(max_concurrent=5, requests_per_s=1)
+    admission = edges(who)
+    hints = admission.identify(key_of(who), edge_hints(key_of(who)))
+    await admission.admit(hints, pick())
+    for _ in range(3):
+        err = await refusal(admission, hints, pick())
+        assert "requests_per_s" in err.message
+    assert admission.concurrency is not None and admission.concurrency.in_flight(who.id) == 1
+
+
+async def test_a_request_over_its_cap_takes_nothing_from_its_rate(edges: EdgeFactory) -> None:
+    who = tenant(max_concurrent=1, requests_per_s=2)  # burst: 2 requests
+    admission = edges(who)
+    hints = admission.identify(key_of(who), edge_hints(key_of(who)))
+    release = await admission.admit(hints, pick())
+    for _ in range(5):
+        err = await refusal(admission, hints, pick())
+        assert "max_concurrent" in err.message
+    release()
+    await admission.admit(hints, pick())  # the second of the burst: refusals took none
 
 
 # ------------------------------------------------------------------ usage records
