@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import subprocess
 import sys
 import time
 import uuid
@@ -122,7 +121,9 @@ async def test_a_replica_sees_its_own_release_at_once(replicas: Factory) -> None
         release()
 
 
-async def test_release_gives_back_exactly_once(replicas: Factory, redis_server: EmbeddedRedis) -> None:
+async def test_release_gives_back_exactly_once(
+    replicas: Factory, redis_server: EmbeddedRedis
+) -> None:
     replica, who = replicas(), tenant(max_concurrent=2)
     first = await replica.acquire(who)
     await replica.acquire(who)
@@ -192,27 +193,27 @@ async def test_leases_of_a_crashed_holder_free_after_their_expiry(
     replicas: Factory, redis_server: EmbeddedRedis
 ) -> None:
     survivor, who = replicas(lease_ttl_s=1.0), tenant(max_concurrent=2)
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, redis_server.url, survivor.key_prefix, who.id]
+    holder = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", HOLDER, redis_server.url, survivor.key_prefix, who.id
     )
     try:
         for _ in range(400):  # its interpreter starting, bounded at 20 s
             if held_in_redis(redis_server.url, survivor, who.id) == 2:
                 break
-            assert holder.poll() is None, "the holder died on its own"
+            assert holder.returncode is None, "the holder died on its own"
             await asyncio.sleep(0.05)
         assert held_in_redis(redis_server.url, survivor, who.id) == 2
         await asyncio.sleep(1.2)  # past the TTL: a live holder renews its leases
         await refused(survivor, who)
         holder.send_signal(signal.SIGKILL)
-        holder.wait(5)
+        await asyncio.wait_for(holder.wait(), 5)
         killed = time.monotonic()
         await until_granted(survivor, who, within_s=3.0)
         assert time.monotonic() - killed <= 1.5  # the TTL (1 s) after the last renewal
     finally:
-        if holder.poll() is None:
+        if holder.returncode is None:
             holder.kill()
-        holder.wait(5)
+            await asyncio.wait_for(holder.wait(), 5)
 
 
 # ------------------------------------------------------------------ Redis failures

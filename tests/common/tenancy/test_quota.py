@@ -324,11 +324,7 @@ async def test_redis_down_falls_back_to_rate_over_replicas_then_shares_again(
         assert 10 <= first <= 12  # the shared burst (a fresh Redis), not one replica's share
         await refusal(replicas[1], who, 1)  # the other replica sees the same bucket
         assert not any(limiter.degraded for limiter in replicas)
-        infos = [
-            r
-            for r in caplog.records
-            if r.name == QUOTA_LOG and r.levelno == logging.INFO
-        ]
+        infos = [r for r in caplog.records if r.name == QUOTA_LOG and r.levelno == logging.INFO]
         assert len(infos) == 2 and all("back" in r.message for r in infos)
     finally:
         for limiter in replicas:
