@@ -60,7 +60,9 @@ class ClientOrigin:
 
 
 def build_global_tier(
-    topology: Topology, *, reload_from: Callable[[], Topology] | None = None,
+    topology: Topology,
+    *,
+    reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
 ) -> TierServer:
     """The global tier as described by ``topology``; ``reload_from`` re-reads the topology
@@ -89,7 +91,7 @@ def build_global_tier(
 
     return TierServer(
         TierSpec(tier="global", trust_internal=False, resolve_origin=origin),
-        ForwardingPolicy(kind="region"),
+        ForwardingPolicy(kind="region", per_try=topology.liveness.per_try_timeout),
         regions,
         RankingBalancer(picker, regions),
         topology.global_tier.endpoint,
@@ -97,6 +99,7 @@ def build_global_tier(
         credentials=tier_server_credentials(topology.tls, edge=True),
         admission=edge_admission(topology.auth, topology.redis_url),
         limits=topology.limits,
+        keepalive=topology.liveness.keepalive,
         ops=topology.global_tier.ops,
         ops_additions=OpsAdditions(extensions=(fleet_view,) if fleet_view else ()),
         name="global",

@@ -82,7 +82,10 @@ def zone_children(region_cfg: RegionConfig) -> list[Child]:
 
 
 def build_regional_tier(
-    topology: Topology, region: str, *, reload_from: Callable[[], Topology] | None = None,
+    topology: Topology,
+    region: str,
+    *,
+    reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
 ) -> TierServer:
     """The regional tier of ``region`` as described by ``topology``; ``reload_from``
@@ -118,7 +121,9 @@ def build_regional_tier(
 
     return TierServer(
         TierSpec(tier="regional", trust_internal=True, resolve_origin=origin),
-        ForwardingPolicy(kind="zone", route_prefix=region),
+        ForwardingPolicy(
+            kind="zone", route_prefix=region, per_try=topology.liveness.per_try_timeout
+        ),
         zones,
         RankingBalancer(picker, zones),
         region_cfg.endpoint,
@@ -127,6 +132,7 @@ def build_regional_tier(
         credentials=tier_server_credentials(topology.tls, edge=False),
         admission=inner_admission(topology.auth),
         limits=topology.limits,
+        keepalive=topology.liveness.keepalive,
         ops=region_cfg.ops,
         name=region,
         tenants=topology.auth.tenant_ids,
