@@ -56,8 +56,7 @@ class ReadinessRules:
 class _Evidence:
     verdict: str = READY
     reason: str = ""
-    slow_checks: int = 0
-    last_slow_at: float = float("-inf")
+    slow_checks: int = 0  # in a row, with no request succeeding since the first
     served_at: float = float("-inf")
 
 
@@ -99,10 +98,7 @@ class GpuReadiness:
             return
         evidence = self._of(name)
         if check.slow:
-            # A run of slow checks is broken by a request that succeeded since the last.
-            ran = evidence.slow_checks if evidence.served_at <= evidence.last_slow_at else 0
-            evidence.slow_checks = ran + 1
-            evidence.last_slow_at = self.clock()
+            evidence.slow_checks += 1
             if evidence.slow_checks < self.rules.slow_probes_before_down:
                 return
             evidence.verdict = SLOW
@@ -122,8 +118,9 @@ class GpuReadiness:
         """A request succeeded on ``gpu``: it is up, whatever slow probes said."""
         evidence = self._of(gpu.name)
         evidence.served_at = self.clock()
+        evidence.slow_checks = 0  # a run of slow checks starts again
         if evidence.verdict == SLOW:
-            evidence.verdict, evidence.slow_checks = READY, 0
+            evidence.verdict = READY
             self.settle()
 
     def request_failed(self, gpu: GpuChild, reason: str) -> None:

@@ -167,9 +167,7 @@ async def test_check_gpu_of_a_dead_endpoint_is_unavailable_within_the_timeout() 
     finally:
         await channel.close()
     assert (check.healthy, check.ready, check.answered) == (False, frozenset(), False)
-    assert check.reason.startswith(
-        ("health check: UNAVAILABLE", "health check: DEADLINE_EXCEEDED")
-    )
+    assert check.reason.startswith(("health check: UNAVAILABLE", "health check: DEADLINE_EXCEEDED"))
 
 
 class SlowHealth(health.aio.HealthServicer):
