@@ -16,8 +16,9 @@ and its own grpc.health status follow). The rules:
    ``panic_threshold`` of the zone's GPUs (drained ones aside) are ready and not
    ejected, every GPU down by rules 2-4 that is up by direct evidence — its
    connection is READY (keepalive closes a hung GPU's), or a request succeeded on
-   it within ``evidence_s`` — is routed to as if ready, so slow probes never
-   empty a zone. What a GPU says of itself (rule 1) is believed even then.
+   it within ``evidence_s`` and nothing failed on it since — is routed to as if
+   ready, so slow probes never empty a zone. What a GPU says of itself (rule 1)
+   is believed even then.
 
 Caches, per GPU, its last verdict and the evidence behind it (a run of slow
 checks, its last success); ``forget`` drops a GPU that left the zone.
@@ -58,6 +59,9 @@ class _Evidence:
     reason: str = ""
     slow_checks: int = 0  # in a row, with no request succeeding since the first
     served_at: float = float("-inf")
+    # The last failed call to it (a request, a health check): newer evidence than a
+    # success before it.
+    failed_at: float = float("-inf")
 
 
 def connection_ready(gpu: GpuChild) -> bool:
@@ -112,6 +116,8 @@ class GpuReadiness:
                 READY if check.healthy else REFUSED if check.answered else UNREACHABLE
             )
             evidence.reason = check.reason
+            if evidence.verdict == UNREACHABLE:
+                evidence.failed_at = self.clock()
         self.settle()
 
     def request_succeeded(self, gpu: GpuChild) -> None:
@@ -127,6 +133,7 @@ class GpuReadiness:
         """A request to ``gpu`` failed UNAVAILABLE (rule 4)."""
         evidence = self._of(gpu.name)
         evidence.verdict, evidence.reason = FAILED, reason
+        evidence.failed_at = self.clock()
         self.settle()
 
     def forget(self, name: str) -> None:
@@ -175,4 +182,7 @@ class GpuReadiness:
                 self.children.mark_failed(gpu, evidence.reason)
 
     def _up(self, gpu: GpuChild, evidence: _Evidence, now: float) -> bool:
-        return now - evidence.served_at <= self.rules.evidence_s or self.connected(gpu)
+        served = evidence.served_at > evidence.failed_at
+        if served and now - evidence.served_at <= self.rules.evidence_s:
+            return True
+        return self.connected(gpu)

@@ -193,6 +193,16 @@ def no_origin(hints: RouteHints) -> None:
 LOCAL_FORWARDING_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 
 
+def local_policy(topology: Topology, zone: str) -> ForwardingPolicy:
+    """How the zone forwards to its GPUs: which codes fail over, the per-try timeout."""
+    return ForwardingPolicy(
+        kind="GPU",
+        route_prefix=zone,
+        failover_codes=LOCAL_FORWARDING_CODES,
+        per_try=topology.liveness.per_try_timeout,
+    )
+
+
 def build_local_tier(
     topology: Topology,
     region: str,
@@ -202,10 +212,9 @@ def build_local_tier(
     reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
 ) -> TierServer:
-    """The local tier of ``region``/``zone`` as described by ``topology``; ``reload_from``
+    """The local tier of ``region``/``zone`` as ``topology`` describes it; ``reload_from``
     re-reads the topology for the Admin API's ReloadTopology; ``telemetry`` replaces the
-    tracing set up from the OTel environment. Mutual TLS towards the regional tier; GPU
-    workers stay plaintext (outside the router's trust domain)."""
+    OTel-configured tracing. Mutual TLS towards the regional tier; GPU workers plaintext."""
     zone_cfg = topology.zone(region, zone)
     gpus = tuple(gpu_child(g) for g in zone_cfg.gpus)
     children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
@@ -233,12 +242,7 @@ def build_local_tier(
     )
     return TierServer(
         TierSpec(tier="local", trust_internal=True, resolve_origin=no_origin),
-        ForwardingPolicy(
-            kind="GPU",
-            route_prefix=zone,
-            failover_codes=LOCAL_FORWARDING_CODES,
-            per_try=topology.liveness.per_try_timeout,
-        ),
+        local_policy(topology, zone),
         children,
         balancer,
         zone_cfg.endpoint,

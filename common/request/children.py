@@ -1,12 +1,10 @@
 """A tier's view of its children: channels, direct health evidence, load, summaries.
 
-Every tier routes over a ``ChildSet``. It owns one gRPC channel per child,
-with keepalive (``common.request.keepalive``: a hung child's connection is closed
-within ``time_s + timeout_s``, its calls fail UNAVAILABLE and its health Watch
-breaks, which marks it down), follows each child's grpc.health.v1 Watch
-(re-probing ServerReady while a child is down; both through
-``common.request.health.HealthChecker``), and takes capacity summaries from the
-Redis reader. Pickers read ``Child`` state;
+Every tier routes over a ``ChildSet``. It owns one gRPC channel per child, with
+keepalive (a hung child's calls fail UNAVAILABLE and its Watch breaks within
+``time_s + timeout_s``), follows each child's grpc.health.v1 Watch (re-probing
+ServerReady while a child is down; both through ``common.request.health``), and
+takes capacity summaries from the Redis reader. Pickers read ``Child`` state;
 only this module and the proxy core write it.
 """
 
@@ -122,7 +120,7 @@ class ChildSet:
         # TLS towards the children (common.config.tls.tier_channel_credentials); None: plaintext.
         self.credentials = credentials
         # Keepalive towards the children (default: as between tiers).
-        self.channel_options = channel_options(keepalive or Keepalive())
+        self._options = channel_options(keepalive or Keepalive())
         self.kind = kind
         # False when another component (the local tier's BackendMonitor) checks health.
         self.probe = probe
@@ -157,7 +155,7 @@ class ChildSet:
     @contextlib.contextmanager
     def changes(self) -> Iterator[None]:
         """Hold the listeners' notifications for a block of health changes (the local
-        tier's readiness re-derives every GPU at once): one at its end, if any changed."""
+        tier re-derives every GPU at once): one at its end, if any changed."""
         if self._held is not None:  # nested: the outer block notifies
             yield
             return
@@ -179,11 +177,9 @@ class ChildSet:
     def _open(self, child: Child) -> grpc.aio.Channel:
         address = child.endpoint.address
         if self.credentials is None:
-            channel = grpc.aio.insecure_channel(address, options=self.channel_options)
+            channel = grpc.aio.insecure_channel(address, options=self._options)
         else:
-            channel = grpc.aio.secure_channel(
-                address, self.credentials, options=self.channel_options
-            )
+            channel = grpc.aio.secure_channel(address, self.credentials, options=self._options)
         self._channels.append(channel)
         child.channel = channel
         child.stub = pb_grpc.GRPCInferenceServiceStub(channel)

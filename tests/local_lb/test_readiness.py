@@ -145,12 +145,22 @@ def test_in_panic_a_recent_success_is_evidence_enough() -> None:
     for name in ("g0", "g1"):
         z.readiness.request_failed(z.gpu(name), "UNAVAILABLE: reset")
     assert z.readiness.panicking and z.healthy() == set()
+    z.clock.now += 0.1
     z.readiness.request_succeeded(z.gpu("g0"))  # an in-flight request finished fine
     z.readiness.settle()
     assert z.healthy() == {"g0"}
     z.clock.now += 1.5  # the evidence ages out
     z.readiness.settle()
     assert z.healthy() == set()
+
+
+def test_in_panic_a_success_older_than_a_failure_is_no_evidence() -> None:
+    z = zone(n=2, evidence_s=1.0)
+    z.readiness.request_succeeded(z.gpu("g0"))
+    z.clock.now += 0.1
+    z.readiness.probed("g0", UNREACHABLE)  # killed right after
+    z.readiness.probed("g1", UNREACHABLE)
+    assert z.readiness.panicking and z.healthy() == set()
 
 
 def test_in_panic_a_gpu_that_says_it_is_not_serving_stays_down() -> None:
