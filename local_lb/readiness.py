@@ -98,43 +98,51 @@ class GpuReadiness:
 
     def probed(self, name: str, check: GpuCheck) -> None:
         """A health check of GPU ``name`` ended (rules 1-3)."""
-        if name not in self.view.by_name:  # removed by a reload meanwhile
+        gpu = self.view.by_name.get(name)
+        if gpu is None:  # removed by a reload meanwhile
             return
         evidence = self._of(name)
         if check.slow:
             evidence.slow_checks += 1
             if evidence.slow_checks < self.rules.slow_probes_before_down:
                 return
-            evidence.verdict = SLOW
-            evidence.reason = (
+            why = (
                 f"{evidence.slow_checks} health checks in a row timed out and no request "
                 f"succeeded meanwhile ({check.reason})"
             )
-        else:
-            evidence.slow_checks = 0
-            evidence.verdict = (
-                READY if check.healthy else REFUSED if check.answered else UNREACHABLE
-            )
-            evidence.reason = check.reason
-            if evidence.verdict == UNREACHABLE:
-                evidence.failed_at = self.clock()
-        self.settle()
+            self._judge(gpu, evidence, SLOW, why)
+            return
+        evidence.slow_checks = 0
+        verdict = READY if check.healthy else REFUSED if check.answered else UNREACHABLE
+        if verdict == UNREACHABLE:
+            evidence.failed_at = self.clock()
+        self._judge(gpu, evidence, verdict, check.reason)
 
     def request_succeeded(self, gpu: GpuChild) -> None:
-        """A request succeeded on ``gpu``: it is up, whatever slow probes said."""
+        """A request succeeded on ``gpu``: it is up, whatever slow probes said. O(1)
+        unless that brings it back."""
         evidence = self._of(gpu.name)
         evidence.served_at = self.clock()
         evidence.slow_checks = 0  # a run of slow checks starts again
         if evidence.verdict == SLOW:
-            evidence.verdict = READY
-            self.settle()
+            self._judge(gpu, evidence, READY, "")
 
     def request_failed(self, gpu: GpuChild, reason: str) -> None:
         """A request to ``gpu`` failed UNAVAILABLE (rule 4)."""
         evidence = self._of(gpu.name)
-        evidence.verdict, evidence.reason = FAILED, reason
         evidence.failed_at = self.clock()
-        self.settle()
+        self._judge(gpu, evidence, FAILED, reason)
+
+    def _judge(self, gpu: GpuChild, evidence: _Evidence, verdict: str, reason: str) -> None:
+        """Record a verdict: a new one re-derives the whole zone (the share of ready GPUs
+        may cross the panic threshold), the same one only this GPU (O(1): every check
+        of every GPU ends here)."""
+        changed = verdict != evidence.verdict
+        evidence.verdict, evidence.reason = verdict, reason
+        if changed:
+            self.settle()
+        else:
+            self._apply(gpu, evidence, self.clock())
 
     def forget(self, name: str) -> None:
         self._evidence.pop(name, None)
@@ -171,15 +179,18 @@ class GpuReadiness:
                 log.info("panic over: %d of %d GPUs ready", ready, len(pool))
         now = self.clock()
         for gpu in self.view.gpus:
-            evidence = self._of(gpu.name)
-            if evidence.verdict == READY:
-                self.children.mark_healthy(gpu)
-                gpu.last_error = ""  # also a "panic: ..." note once it is ready again
-            elif panic and evidence.verdict != REFUSED and self._up(gpu, evidence, now):
-                self.children.mark_healthy(gpu)
-                gpu.last_error = f"panic: routed to although {evidence.reason}"
-            else:
-                self.children.mark_failed(gpu, evidence.reason)
+            self._apply(gpu, self._of(gpu.name), now)
+
+    def _apply(self, gpu: GpuChild, evidence: _Evidence, now: float) -> None:
+        """Set one GPU's ``healthy`` from its verdict and, in panic, its evidence."""
+        if evidence.verdict == READY:
+            self.children.mark_healthy(gpu)
+            gpu.last_error = ""  # also a "panic: ..." note once it is ready again
+        elif self.panicking and evidence.verdict != REFUSED and self._up(gpu, evidence, now):
+            self.children.mark_healthy(gpu)
+            gpu.last_error = f"panic: routed to although {evidence.reason}"
+        else:
+            self.children.mark_failed(gpu, evidence.reason)
 
     def _up(self, gpu: GpuChild, evidence: _Evidence, now: float) -> bool:
         served = evidence.served_at > evidence.failed_at
