@@ -198,7 +198,6 @@ async def test_requests_on_a_hung_gpu_move_on_at_their_per_try_timeout(
     # One waited out its per-try timeout on g0, then was served by g1, long before
     # its 10 s deadline.
     assert 0.9 < slowest < 4.0, [a.elapsed_s for a in answers]
-    assert zone.tier.metrics.retries.labels("local").value >= 1  # g0 was not down yet
     # Its health checks time out and no request succeeds on it: down for slowness.
     hung = zone.balancer.view.by_name["g0"]
     await eventually(lambda: not hung.healthy, 3.0, "the hung GPU marked down")
@@ -240,11 +239,13 @@ async def test_keepalive_finds_a_hung_gpu_and_fails_its_requests_over(
     assert max(a.elapsed_s for a in answers) < 3.0, [a.elapsed_s for a in answers]
     await eventually(lambda: not hung.healthy, 3.0 - (time.monotonic() - paused), "g0 down")
     zone.resume("g0")
-    # Continued, it answers its health checks again and takes requests again.
-    for _ in range(100):
-        if (await zone.infer()).route == f"{ZONE}/g0":
+    # Continued, it answers its health checks again and takes requests again (four at
+    # a time, so the picker uses both GPUs).
+    for _ in range(50):
+        answers = await asyncio.gather(*(zone.infer() for _ in range(4)))
+        if f"{ZONE}/g0" in {a.route for a in answers}:
             break
-        await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
     else:
         raise AssertionError("g0 never served again after SIGCONT")
 
