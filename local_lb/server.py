@@ -176,7 +176,10 @@ def local_ops(view: LocalView, balancer: LocalBalancer, ejections: EjectionCount
     return OpsAdditions(
         metrics=(lambda m: add_local_metrics(m, balancer.queue_depths, ejections),),
         child_details=lambda gpu: gpu_details(view, gpu),
-        extra_state=lambda: {"queue": balancer.queue_depths()},
+        extra_state=lambda: {
+            "queue": balancer.queue_depths(),
+            "panic": balancer.readiness.panicking,
+        },
     )
 
 

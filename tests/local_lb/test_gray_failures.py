@@ -295,6 +295,8 @@ async def test_probes_that_time_out_never_empty_a_zone(slow_probe_zone: Zone) ->
     # Idle, the slow probes mark both down; below the panic threshold every GPU whose
     # connection is up is routed to anyway, and the tier still says it serves.
     await eventually(lambda: zone.balancer.readiness.panicking, 3.0, "panic")
+    state = zone.tier.ops_additions.extra_state
+    assert state is not None and state()["panic"] is True  # what /api/state shows
     answers = [await zone.infer() for _ in range(10)]
     assert {a.route for a in answers} <= {f"{ZONE}/g0", f"{ZONE}/g1"}
     ready = await zone.stub.ServerReady(pb.ServerReadyRequest(), timeout=1)
