@@ -60,9 +60,7 @@ class ClientOrigin:
 
 
 def build_global_tier(
-    topology: Topology,
-    *,
-    reload_from: Callable[[], Topology] | None = None,
+    topology: Topology, *, reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
 ) -> TierServer:
     """The global tier as described by ``topology``; ``reload_from`` re-reads the topology

@@ -86,8 +86,9 @@ class BackendMonitor:
     Failure modes: a failed scrape never marks a GPU unhealthy (a server may
     have no metrics port); its sample just goes stale. A black-holed GPU costs
     one ``timeout_s`` per poll, never more. Caches only the ready models of
-    the last check that was not slow, for ``ready_models``. The session, channels and tasks are
-    created in ``start()`` and released in reverse order in ``stop()``.
+    the last check that was not slow, for ``ready_models``. The session,
+    channels and tasks are created in ``start()`` and released in reverse order
+    in ``stop()``.
     """
 
     def __init__(

@@ -82,10 +82,7 @@ def zone_children(region_cfg: RegionConfig) -> list[Child]:
 
 
 def build_regional_tier(
-    topology: Topology,
-    region: str,
-    *,
-    reload_from: Callable[[], Topology] | None = None,
+    topology: Topology, region: str, *, reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
 ) -> TierServer:
     """The regional tier of ``region`` as described by ``topology``; ``reload_from``
