@@ -14,17 +14,18 @@ rather than ``grpc.keepalive_timeout_ms``, so both are set; and a client sends a
 most ``grpc.http2.max_pings_without_data`` (2) pings while it sends no data, which
 would leave a long unary call unwatched, so that limit is lifted.
 
-Servers ping their callers the same way (a hung caller's calls are cancelled and
-their GPU slots freed) and accept a caller's pings as often as every
-``ACCEPT_PINGS_EVERY_MS``, idle or not; a caller pinging faster still is sent
-GOAWAY after ``PING_STRIKES`` such pings, as by gRPC's default policy.
+A gRPC client sends at most one ping a second whatever its keepalive time, hence
+``MIN_KEEPALIVE_TIME_S``. Servers ping their callers the same way (a hung caller's
+calls are cancelled and their GPU slots freed) and accept a caller's pings as often
+as every ``ACCEPT_PINGS_EVERY_MS``, idle or not; a caller pinging faster still is
+sent GOAWAY after ``PING_STRIKES`` such pings, as by gRPC's default policy.
 """
 
 from __future__ import annotations
 
 from common.config.liveness import Keepalive
 
-ACCEPT_PINGS_EVERY_MS = 100
+ACCEPT_PINGS_EVERY_MS = 500
 PING_STRIKES = 2
 
 
@@ -53,6 +54,7 @@ def keepalive_server_args(keepalive: Keepalive) -> list[tuple[str, int]]:
         ("grpc.http2.ping_timeout_ms", _ms(keepalive.timeout_s)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
-        ("grpc.http2.min_recv_ping_interval_without_data_ms", ACCEPT_PINGS_EVERY_MS),
+        # GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS: its string drops "recv".
+        ("grpc.http2.min_ping_interval_without_data_ms", ACCEPT_PINGS_EVERY_MS),
         ("grpc.http2.max_ping_strikes", PING_STRIKES),
     ]

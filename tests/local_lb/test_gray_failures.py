@@ -222,10 +222,10 @@ async def test_a_long_generation_at_normal_speed_is_not_cut_by_the_per_try_timeo
 async def test_keepalive_finds_a_hung_gpu_and_fails_its_requests_over(
     zone_factory: MakeZone,
 ) -> None:
-    """Per-try timeout off, GPU keepalive at 0.5 s + 0.5 s: keepalive alone closes the
+    """Per-try timeout off, GPU keepalive at 1 s + 0.5 s: keepalive alone closes the
     stopped GPU's connections, its calls fail UNAVAILABLE and go to the other GPU."""
     zone = await zone_factory(
-        gpu_keepalive={"time_s": 0.5, "timeout_s": 0.5, "without_calls": True},
+        gpu_keepalive={"time_s": 1.0, "timeout_s": 0.5, "without_calls": True},
         per_try_timeout={"enabled": False},
     )
     await warm(zone)

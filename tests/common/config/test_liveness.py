@@ -46,7 +46,7 @@ def test_every_key_is_read() -> None:
 @pytest.mark.parametrize(
     ("settings", "message"),
     [
-        ({"keepalive": {"time_s": 0.1}}, r"^keepalive\.time_s: must be >= 0\.2"),
+        ({"keepalive": {"time_s": 0.5}}, r"^keepalive\.time_s: must be >= 1\.0"),
         ({"keepalive": {"timeout_s": 0}}, r"^keepalive\.timeout_s: must be > 0"),
         ({"keepalive": {"every": 1}}, r"^keepalive\.every: unknown key"),
         ({"gpu_keepalive": {"without_calls": "yes"}}, r"^gpu_keepalive\.without_calls: expected"),
@@ -96,6 +96,6 @@ def test_keepalive_waits_for_a_ping_answer_no_longer_than_its_timeout() -> None:
 
 def test_servers_accept_pings_from_a_client_at_the_fastest_allowed_keepalive() -> None:
     args = dict(keepalive_server_args(Keepalive()))
-    # A client pinging every 0.2 s (the lowest time_s) is never taken for an abuser.
-    assert args["grpc.http2.min_recv_ping_interval_without_data_ms"] * 2 <= 200
+    # A client pinging every second (the lowest time_s) is never taken for an abuser.
+    assert args["grpc.http2.min_ping_interval_without_data_ms"] * 2 <= 1000
     assert args["grpc.keepalive_permit_without_calls"] == 1
