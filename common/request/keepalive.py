@@ -8,11 +8,15 @@ UNAVAILABLE ("ping timeout"), which the forwarding loop fails over, and a new
 connection to the stopped process never becomes READY (gRPC waits for the
 server's SETTINGS frame).
 
-Two details of grpc-core (measured with grpcio 1.85): the wait for a keepalive
+Three details of grpc-core (measured with grpcio 1.85): the wait for a keepalive
 ping's answer is the general ``grpc.http2.ping_timeout_ms`` (1 minute by default)
-rather than ``grpc.keepalive_timeout_ms``, so both are set; and a client sends at
-most ``grpc.http2.max_pings_without_data`` (2) pings while it sends no data, which
-would leave a long unary call unwatched, so that limit is lifted.
+rather than ``grpc.keepalive_timeout_ms``, so both are set; a client sends at most
+``grpc.http2.max_pings_without_data`` (2) pings while it sends no data, which would
+leave a long unary call unwatched, so that limit is lifted; and the server's ping
+allowance is ``grpc.http2.min_ping_interval_without_data_ms`` (the string of
+``GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS``): an unknown name is
+silently ignored, and a server left at 5 minutes sends GOAWAY ``too_many_pings``
+to a client that pings every second (``tests/common/request/test_keepalive.py``).
 
 A gRPC client sends at most one ping a second whatever its keepalive time, hence
 ``MIN_KEEPALIVE_TIME_S``. Servers ping their callers the same way (a hung caller's
@@ -54,7 +58,6 @@ def keepalive_server_args(keepalive: Keepalive) -> list[tuple[str, int]]:
         ("grpc.http2.ping_timeout_ms", _ms(keepalive.timeout_s)),
         ("grpc.keepalive_permit_without_calls", 1),
         ("grpc.http2.max_pings_without_data", 0),
-        # GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS: its string drops "recv".
         ("grpc.http2.min_ping_interval_without_data_ms", ACCEPT_PINGS_EVERY_MS),
         ("grpc.http2.max_ping_strikes", PING_STRIKES),
     ]
