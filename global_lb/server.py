@@ -89,7 +89,7 @@ def build_global_tier(
 
     return TierServer(
         TierSpec(tier="global", trust_internal=False, resolve_origin=origin),
-        ForwardingPolicy(kind="region"),
+        ForwardingPolicy(kind="region", per_try=topology.liveness.per_try_timeout),
         regions,
         RankingBalancer(picker, regions),
         topology.global_tier.endpoint,
@@ -99,6 +99,7 @@ def build_global_tier(
             topology.auth, topology.redis_url, usage_replicas_ack=topology.usage_replicas_ack
         ),
         limits=topology.limits,
+        keepalive=topology.liveness.keepalive,
         ops=topology.global_tier.ops,
         ops_additions=OpsAdditions(extensions=(fleet_view,) if fleet_view else ()),
         name="global",

@@ -11,13 +11,17 @@ so the regional tier can try another zone.
 It learns from every finished attempt: the GPU's service rate (EWMA of work
 per second under its batch), its latency (for ``least_response_time``), its
 load report from the response trailer, and success or failure for Envoy-style
-outlier ejection. An ejected or unhealthy GPU leaves the free pools; a
-recovered one comes back through slow start.
+outlier ejection (a per-try timeout counts as a failure). An ejected or
+unhealthy GPU leaves the free pools; a recovered one comes back through slow
+start. Each lease carries the attempt's expected service time
+(``local_lb.cost.attempt_expected_s``), from which the forwarding loop derives
+its per-try timeout.
 
 The parts it composes, each in its own module: ``SlotLedger`` (slots),
 ``QueueHandOff`` (the central queue and late binding), ``RateLearner`` (EWMAs),
-``GpuResilience`` (ejection, breaker, slow start) and ``UtilisationBands``
-(publication when utilisation crosses a band).
+``GpuResilience`` (ejection, breaker, slow start), ``GpuReadiness`` (health
+verdicts, slow probes, panic) and ``UtilisationBands`` (publication when
+utilisation crosses a band).
 """
 
 from __future__ import annotations
@@ -36,12 +40,19 @@ from common.request.children import Child, ChildSet
 from common.request.pick import Picker, PickRequest
 from common.request.prefix import BLOCK_TOKENS
 from common.request.resilience import CircuitBreaker, OutlierConfig, SlowStartConfig
-from local_lb.cost import drain_rps, gpu_completion_s, outstanding_work, request_work
+from local_lb.cost import (
+    attempt_expected_s,
+    drain_rps,
+    gpu_completion_s,
+    outstanding_work,
+    request_work,
+)
 from local_lb.handoff import QueueHandOff
 from local_lb.learning import RateLearner
 from local_lb.publication import UtilisationBands
 from local_lb.queue import CentralQueue
 from local_lb.queue_entries import QueueFull, QueueRejected, QueueTimeout, QueueUnserved, queue_key
+from local_lb.readiness import GpuReadiness, ReadinessRules, connection_ready
 from local_lb.resilience import GpuResilience
 from local_lb.slots import SlotLedger
 from local_lb.state import GpuChild, LocalView
@@ -75,6 +86,9 @@ class LocalBalancer:
     # Each tenant's share of the central queue (default 1.0).
     tenant_weights: Mapping[str, float] = field(default_factory=dict)
     on_significant_change: Callable[[], None] = _nothing
+    # Slow probes, panic threshold (local_lb.readiness); whether a GPU's connection is up.
+    readiness_rules: ReadinessRules = field(default_factory=ReadinessRules)
+    connected: Callable[[GpuChild], bool] = connection_ready
     clock: Callable[[], float] = time.monotonic
     rng: random.Random = field(default_factory=random.Random)
 
@@ -96,6 +110,9 @@ class LocalBalancer:
             may_take=self._may_take,
             tenant_weights=self.tenant_weights,
             clock=self.clock,
+        )
+        self.readiness = GpuReadiness(
+            self.view, self.children, self.readiness_rules, self.connected, self.clock
         )
         self.tenants = TenantHeadroom(
             self.tenant_headroom, weight=self.queue.weight, clock=self.clock
@@ -260,6 +277,7 @@ class LocalBalancer:
             holds_breaker=breaker,
             reason=reason,
             estimated_s=gpu_completion_s(gpu, work, ahead),
+            expected_s=attempt_expected_s(gpu, work, ahead),
             policy=self.policy_name,
         )
 
@@ -284,10 +302,11 @@ class LocalBalancer:
         if outcome.code == grpc.StatusCode.OK:
             self.resilience.record_success(gpu.name)
             self.rates.finished_ok(gpu, lease.work, outcome.elapsed_s, lease.concurrent)
-        elif outcome.child_fault:
+            self.readiness.request_succeeded(gpu)
+        elif outcome.child_fault or outcome.timed_out:
             self.resilience.record_failure(gpu.name)
             if outcome.code == grpc.StatusCode.UNAVAILABLE:
-                self.children.mark_failed(gpu, f"UNAVAILABLE: {outcome.detail}")
+                self.readiness.request_failed(gpu, f"UNAVAILABLE: {outcome.detail}")
 
     def _may_take(self, tenant: str) -> bool:
         """Reserved headroom (local_lb.tenancy): may ``tenant`` take a free slot now?"""
@@ -308,7 +327,9 @@ class LocalBalancer:
 
     def refresh_all(self) -> None:
         """Re-derive every GPU's routability (health, ejection, slow start) and refill
-        free slots from the queue. O(GPUs); runs on a timer and on health changes."""
+        free slots from the queue. O(GPUs); runs on a timer and on health changes
+        (first re-deriving health itself: panic may begin or end, evidence age)."""
+        self.readiness.settle()
         self.slots.recount()
         for gpu in self.view.gpus:
             self.resilience.refresh(gpu)
@@ -330,5 +351,6 @@ class LocalBalancer:
         """A removed GPU finished its last request: drop it from the resilience state,
         load reports and prefix index, so no timer and no lookup names it later."""
         self.resilience.forget(name)
+        self.readiness.forget(name)
         self.view.load.forget(name)
         self.view.prefix.forget(name)

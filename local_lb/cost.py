@@ -70,6 +70,20 @@ def gpu_completion_s(gpu: GpuChild, work: float, work_ahead: float) -> float:
     return expected_completion_s(work_ahead, work, gpu.rate * gpu.weight, max(gpu.share, 1e-3))
 
 
+def attempt_expected_s(gpu: GpuChild, work: float, work_ahead: float) -> float:
+    """How long one attempt of ``work`` takes on ``gpu`` at its normal speed: the basis
+    of its per-try timeout (``common.config.liveness.PerTryTimeout``).
+
+    The longer of: everything ahead of it and itself drained at the GPU's learned
+    rate, and itself alone at its share of a full batch (``slots`` requests sharing
+    the rate). The first alone would be far too short for a long generation on a
+    GPU whose rate was learned at a large batch: one request runs at one token per
+    decode step, however fast the batch goes. Weight and slow start change where
+    requests go, not how fast a GPU runs, so neither shortens it.
+    """
+    return max(work_ahead + work, work * gpu.slots) / max(gpu.rate, 1e-9)
+
+
 def drain_rps(gpus: Iterable[GpuChild]) -> float:
     """Requests per second the usable ones among ``gpus`` finish: slots over latency
     (1 s until a latency has been learned)."""

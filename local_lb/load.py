@@ -4,8 +4,9 @@ A ``BackendMonitor`` polls every GPU on a jittered interval: it scrapes the
 GPU's Prometheus endpoint into the ``LoadBook`` (``local_lb.load_book``, which
 the proxy also feeds from the ``x-meridian-load`` trailer) and checks its
 health through ``common.request.health.HealthChecker`` (grpc.health.v1 plus V2
-ModelReady), handing every result to a callback; the caller decides what a
-transition means.
+ModelReady), handing every ``GpuCheck`` to a callback; the caller decides what
+it means (``local_lb.readiness``: a check that timed out is slowness, not a
+verdict). Its channels run the GPU keepalive, like the ones requests take.
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ import aiohttp
 import grpc
 
 from common.basics.tasks import cancel_and_wait
+from common.config.liveness import STOCK_SERVER_KEEPALIVE, Keepalive
 from common.config.topology import GpuConfig
-from common.request.health import HealthChecker
-from common.request.server import CHANNEL_OPTIONS
+from common.request.health import GpuCheck, HealthChecker
+from common.request.server import channel_options
 from local_lb.load_book import (
     Load,
     LoadBook,
@@ -35,7 +37,7 @@ from local_lb.load_book import (
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-HealthCallback = Callable[[str, bool, str], None]
+HealthCallback = Callable[[str, GpuCheck], None]
 
 JITTER = 0.1  # polls are spread over interval * [0.9, 1.1] so GPUs are not polled in step
 
@@ -79,13 +81,14 @@ class BackendMonitor:
     grpc.health.v1 ``Check`` for the V2 service (the server-wide ``""`` when
     the server does not know that name), then ``ModelReady`` for each model.
     A GPU is healthy only if SERVING with at least one model ready;
-    ``on_health(name, healthy, reason)`` is called after every check.
+    ``on_health(name, check)`` is called after every check.
 
     Failure modes: a failed scrape never marks a GPU unhealthy (a server may
     have no metrics port); its sample just goes stale. A black-holed GPU costs
     one ``timeout_s`` per poll, never more. Caches only the ready models of
-    the last check, for ``ready_models``. The session, channels and tasks are
-    created in ``start()`` and released in reverse order in ``stop()``.
+    the last check that was not slow, for ``ready_models``. The session,
+    channels and tasks are created in ``start()`` and released in reverse order
+    in ``stop()``.
     """
 
     def __init__(
@@ -98,6 +101,7 @@ class BackendMonitor:
         timeout_s: float | None = None,
         clock: Clock = time.monotonic,
         rng: random.Random | None = None,
+        keepalive: Keepalive = STOCK_SERVER_KEEPALIVE,
     ) -> None:
         self.gpus = tuple(gpus)
         names = [g.name for g in self.gpus]
@@ -109,6 +113,7 @@ class BackendMonitor:
         if not 0 < self.timeout_s <= interval_s:
             raise ValueError(f"timeout_s must be in (0, interval_s={interval_s}], got {timeout_s}")
         self.interval_s = interval_s
+        self._channel_options = channel_options(keepalive)
         self.book = book if book is not None else LoadBook()
         self._on_health = on_health
         self._clock = clock
@@ -142,7 +147,7 @@ class BackendMonitor:
 
     def _open(self, gpu: MonitoredGpu) -> None:
         assert self._session is not None
-        channel = grpc.aio.insecure_channel(gpu.address, options=CHANNEL_OPTIONS)
+        channel = grpc.aio.insecure_channel(gpu.address, options=self._channel_options)
         self._channels[gpu.name] = channel
         backend = _Backend(gpu, HealthChecker(channel))
         self._backends[gpu.name] = backend
@@ -238,9 +243,10 @@ class BackendMonitor:
         backend.metrics_ok = True
 
     async def _check(self, backend: _Backend) -> None:
-        healthy, reason, ready = await backend.health.check_gpu(backend.gpu.models, self.timeout_s)
-        backend.ready_models = ready
-        self._on_health(backend.gpu.name, healthy, reason)
+        check = await backend.health.check_gpu(backend.gpu.models, self.timeout_s)
+        if not check.slow:
+            backend.ready_models = check.ready
+        self._on_health(backend.gpu.name, check)
 
 
 async def _logged(step: Awaitable[None], name: str) -> None:

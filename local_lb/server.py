@@ -33,6 +33,7 @@ from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.policies import picker_factory
 from local_lb.publication import LateBoundCallback
 from local_lb.queue import CentralQueue
+from local_lb.readiness import ReadinessRules
 from local_lb.state import GpuChild, LocalView
 
 # Work (decode-token equivalents) per second of one A100 at a full batch: the
@@ -138,11 +139,17 @@ def local_balancer(
         make = picker_factory(policy, rng)
     except ValueError as exc:
         raise ConfigError(f"--policy: {exc}") from None
+    liveness = topology.liveness
     return LocalBalancer(
         view=view,
         picker_factory=make,
         children=children,
         slow_start_config=SlowStartConfig(window_s=topology.slow_start_window_s),
+        readiness_rules=ReadinessRules(
+            panic_threshold=liveness.panic_threshold,
+            slow_probes_before_down=liveness.slow_probes_before_down,
+            evidence_s=2 * topology.health_interval_s,
+        ),
         tenant_headroom=topology.tenant_headroom,
         tenant_weights={t.id: t.weight for t in topology.auth.tenants},
         on_significant_change=on_significant_change,
@@ -151,23 +158,16 @@ def local_balancer(
 
 
 def gpu_monitor(
-    topology: Topology, zone_cfg: ZoneConfig, children: ChildSet, view: LocalView
+    topology: Topology, zone_cfg: ZoneConfig, balancer: LocalBalancer
 ) -> BackendMonitor:
-    """Health of the zone's GPU servers, told to ``children``, and their own load
-    reports, kept in the view's load book."""
-
-    def on_health(name: str, healthy: bool, reason: str) -> None:
-        gpu = children.by_name[name]
-        if healthy:
-            children.mark_healthy(gpu)
-        else:
-            children.mark_failed(gpu, reason)
-
+    """Health of the zone's GPU servers, told to the balancer's readiness, and their
+    own load reports, kept in the view's load book."""
     return BackendMonitor(
         (MonitoredGpu.from_config(g) for g in zone_cfg.gpus),
-        on_health=on_health,
-        book=view.load,
+        on_health=balancer.readiness.probed,
+        book=balancer.view.load,
         interval_s=topology.health_interval_s,
+        keepalive=topology.liveness.gpu_keepalive,
     )
 
 
@@ -176,7 +176,10 @@ def local_ops(view: LocalView, balancer: LocalBalancer, ejections: EjectionCount
     return OpsAdditions(
         metrics=(lambda m: add_local_metrics(m, balancer.queue_depths, ejections),),
         child_details=lambda gpu: gpu_details(view, gpu),
-        extra_state=lambda: {"queue": balancer.queue_depths()},
+        extra_state=lambda: {
+            "queue": balancer.queue_depths(),
+            "panic": balancer.readiness.panicking,
+        },
     )
 
 
@@ -193,6 +196,16 @@ def no_origin(hints: RouteHints) -> None:
 LOCAL_FORWARDING_CODES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
 
 
+def local_policy(topology: Topology, zone: str) -> ForwardingPolicy:
+    """How the zone forwards to its GPUs: which codes fail over, the per-try timeout."""
+    return ForwardingPolicy(
+        kind="GPU",
+        route_prefix=zone,
+        failover_codes=LOCAL_FORWARDING_CODES,
+        per_try=topology.liveness.per_try_timeout,
+    )
+
+
 def build_local_tier(
     topology: Topology,
     region: str,
@@ -202,16 +215,15 @@ def build_local_tier(
     reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
 ) -> TierServer:
-    """The local tier of ``region``/``zone`` as described by ``topology``; ``reload_from``
+    """The local tier of ``region``/``zone`` as ``topology`` describes it; ``reload_from``
     re-reads the topology for the Admin API's ReloadTopology; ``telemetry`` replaces the
-    tracing set up from the OTel environment. Mutual TLS towards the regional tier; GPU
-    workers stay plaintext (outside the router's trust domain)."""
+    OTel-configured tracing. Mutual TLS towards the regional tier; GPU workers plaintext."""
     zone_cfg = topology.zone(region, zone)
     gpus = tuple(gpu_child(g) for g in zone_cfg.gpus)
     children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
     poke_publisher = LateBoundCallback()  # the publisher reads the balancer's queue
     balancer = local_balancer(topology, view, children, policy, poke_publisher)
-    monitor = gpu_monitor(topology, zone_cfg, children, view)
+    monitor = gpu_monitor(topology, zone_cfg, balancer)
     source = source_id("local", region, zone)  # one per process incarnation
     publisher = summary_publisher(
         topology,
@@ -233,7 +245,7 @@ def build_local_tier(
     )
     return TierServer(
         TierSpec(tier="local", trust_internal=True, resolve_origin=no_origin),
-        ForwardingPolicy(kind="GPU", route_prefix=zone, failover_codes=LOCAL_FORWARDING_CODES),
+        local_policy(topology, zone),
         children,
         balancer,
         zone_cfg.endpoint,
@@ -246,6 +258,7 @@ def build_local_tier(
         credentials=tier_server_credentials(topology.tls, edge=False),
         admission=inner_admission(topology.auth),
         limits=topology.limits,
+        keepalive=topology.liveness.keepalive,
         ops=zone_cfg.ops,
         ops_additions=local_ops(view, balancer, ejections),
         name=zone,

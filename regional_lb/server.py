@@ -118,7 +118,9 @@ def build_regional_tier(
 
     return TierServer(
         TierSpec(tier="regional", trust_internal=True, resolve_origin=origin),
-        ForwardingPolicy(kind="zone", route_prefix=region),
+        ForwardingPolicy(
+            kind="zone", route_prefix=region, per_try=topology.liveness.per_try_timeout
+        ),
         zones,
         RankingBalancer(picker, zones),
         region_cfg.endpoint,
@@ -127,6 +129,7 @@ def build_regional_tier(
         credentials=tier_server_credentials(topology.tls, edge=False),
         admission=inner_admission(topology.auth),
         limits=topology.limits,
+        keepalive=topology.liveness.keepalive,
         ops=region_cfg.ops,
         name=region,
         tenants=topology.auth.tenant_ids,

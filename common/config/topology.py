@@ -24,6 +24,7 @@ from common.config.access import (
     parse_limits,
     parse_tls,
 )
+from common.config.liveness import Liveness, parse_liveness
 from common.config.node import (
     ConfigError,
     ConfigNode,
@@ -143,6 +144,8 @@ class Topology:
     limits: Limits = field(default_factory=Limits)
     # A usage batch counts as written once this many Redis replicas have it (WAIT).
     usage_replicas_ack: int = 0
+    # Keepalive, per-try timeout, panic threshold, slow probes (common.config.liveness).
+    liveness: Liveness = field(default_factory=Liveness)
 
     @property
     def models(self) -> frozenset[str]:
@@ -287,6 +290,7 @@ def topology_from_mapping(raw: Any) -> Topology:
         auth=auth,
         tls=tls,
         limits=limits,
+        liveness=parse_liveness(root),
         summary_cadence_s=settings.summary_cadence_s,
         summary_stream_maxlen=settings.summary_stream_maxlen,
         health_interval_s=settings.health_interval_s,

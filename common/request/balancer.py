@@ -57,6 +57,9 @@ class Lease:
     candidates: int = 0
     # The completion time the policy expected, when it estimates one.
     estimated_s: float | None = None
+    # How long the attempt takes at the child's normal speed, the basis of its
+    # per-try timeout (common.config.liveness.PerTryTimeout); None: no estimate.
+    expected_s: float | None = None
     # Time spent waiting in a queue before the child was bound.
     queued_s: float | None = None
     policy: str = ""
@@ -74,6 +77,8 @@ class Outcome:
     completion_tokens: int = 0
     trailers: Any = ()
     detail: str = ""
+    # Cancelled by its per-try timeout: the child sent nothing back in time.
+    timed_out: bool = False
 
     @property
     def child_fault(self) -> bool:

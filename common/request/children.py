@@ -1,8 +1,9 @@
 """A tier's view of its children: channels, direct health evidence, load, summaries.
 
-Every tier routes over a ``ChildSet``. It owns one gRPC channel per child,
-follows each child's grpc.health.v1 Watch (re-probing ServerReady while a
-child is down; both through ``common.request.health.HealthChecker``), and
+Every tier routes over a ``ChildSet``. It owns one gRPC channel per child, with
+keepalive (a hung child's calls fail UNAVAILABLE and its Watch breaks within
+``time_s + timeout_s``), follows each child's grpc.health.v1 Watch (re-probing
+ServerReady while a child is down; both through ``common.request.health``), and
 takes capacity summaries from the Redis reader. Pickers read ``Child`` state;
 only this module and the proxy core write it.
 """
@@ -21,11 +22,12 @@ import grpc
 from common.basics.geo import GeoPoint
 from common.basics.tasks import cancel_and_wait
 from common.capacity.summary import combine_replicas, significant_change
+from common.config.liveness import Keepalive
 from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.health import HealthChecker
-from common.request.server import CHANNEL_OPTIONS
+from common.request.server import channel_options
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +114,13 @@ class ChildSet:
         probe: bool = True,
         clock: Clock = time.monotonic,
         credentials: grpc.ChannelCredentials | None = None,
+        keepalive: Keepalive | None = None,
     ) -> None:
         self.children = tuple(children)
         # TLS towards the children (common.config.tls.tier_channel_credentials); None: plaintext.
         self.credentials = credentials
+        # Keepalive towards the children (default: as between tiers).
+        self._options = channel_options(keepalive or Keepalive())
         self.kind = kind
         # False when another component (the local tier's BackendMonitor) checks health.
         self.probe = probe
@@ -134,13 +139,33 @@ class ChildSet:
         self._checkers: dict[Child, HealthChecker] = {}
         self._retiring: set[asyncio.Task[None]] = set()
         self._leaving: set[str] = set()
+        # While ``changes()`` holds the notifications: whether something changed.
+        self._held: bool | None = None
 
     def add_listener(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
 
     def _changed(self) -> None:
+        if self._held is not None:
+            self._held = True
+            return
         for listener in self._listeners:
             listener()
+
+    @contextlib.contextmanager
+    def changes(self) -> Iterator[None]:
+        """Hold the listeners' notifications for a block of health changes (the local
+        tier re-derives every GPU at once): one at its end, if any changed."""
+        if self._held is not None:  # nested: the outer block notifies
+            yield
+            return
+        self._held = False
+        try:
+            yield
+        finally:
+            changed, self._held = self._held, None
+            if changed:
+                self._changed()
 
     def settings_changed(self) -> None:
         """A kept child's settings (models, location) changed: tell the listeners."""
@@ -152,9 +177,9 @@ class ChildSet:
     def _open(self, child: Child) -> grpc.aio.Channel:
         address = child.endpoint.address
         if self.credentials is None:
-            channel = grpc.aio.insecure_channel(address, options=CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(address, options=self._options)
         else:
-            channel = grpc.aio.secure_channel(address, self.credentials, options=CHANNEL_OPTIONS)
+            channel = grpc.aio.secure_channel(address, self.credentials, options=self._options)
         self._channels.append(channel)
         child.channel = channel
         child.stub = pb_grpc.GRPCInferenceServiceStub(channel)

@@ -10,6 +10,12 @@ not count against the budget. A unary call and a stream differ only in when the
 first response byte counts as sent (``Attempt.committed``): from then on, a
 failure ends the call with the child's status.
 
+Each attempt also has Envoy's per-try timeout (``common.request.per_try``, its
+limit from the attempt's expected service time): an attempt that has sent nothing
+back to the caller when it runs out is cancelled and the request moves to the next
+child (a per-try DEADLINE_EXCEEDED is a failover; only the caller's own deadline
+ends the call).
+
 On success the child's trailers go up with this tier's name prefixed to
 ``x-meridian-route`` and this tier's own capacity hint in place of the child's.
 """
@@ -30,8 +36,10 @@ from opentelemetry.trace import Span
 from common.basics.backoff import backoff_delay_s
 from common.basics.errors import RETRY_AFTER_MS, TENANT_QUOTA, RouteError
 from common.capacity.summary import CAPACITY_HINT
+from common.config.liveness import PerTryTimeout
 from common.request.balancer import Balancer, Lease, Outcome
 from common.request.children import Child
+from common.request.per_try import PerTryExpired, within_per_try
 from common.request.pick import PickRequest
 from common.request.resilience import RetryBudget
 from common.request.routing import ROUTE, RouteHints, trailer
@@ -137,9 +145,7 @@ class UnaryAttempt(Generic[T]):
     request: Any
     committed: bool = False
 
-    async def send(
-        self, child: Child, metadata: Metadata, timeout: float | None
-    ) -> tuple[T, Any]:
+    async def send(self, child: Child, metadata: Metadata, timeout: float | None) -> tuple[T, Any]:
         assert child.stub is not None
         call = getattr(child.stub, self.method)(self.request, metadata=metadata, timeout=timeout)
         response = await call
@@ -161,8 +167,9 @@ class AttemptTracing(Protocol):
 
     def begin_attempt(self, method: str, lease: Lease, attempt: int, parent: Span) -> None: ...
 
-    def end_attempt(self, lease: Lease, code: grpc.StatusCode, detail: str, elapsed: float) -> None:
-        ...
+    def end_attempt(
+        self, lease: Lease, code: grpc.StatusCode, detail: str, elapsed: float
+    ) -> None: ...
 
     def child_metadata(self, metadata: Metadata, lease: Lease, parent: Span) -> Metadata: ...
 
@@ -201,6 +208,7 @@ class ForwardingPolicy:
     route_prefix: str | None = None
     failover_codes: frozenset[grpc.StatusCode] = UPPER_TIER_FAILOVER
     max_attempts: int = 3
+    per_try: PerTryTimeout = field(default_factory=PerTryTimeout)
 
 
 class Forwarder:
@@ -270,8 +278,17 @@ class Forwarder:
         attempts: Attempts,
     ) -> tuple[T, Any] | None:
         """One attempt, settled whatever happens; None: failed over, try the next child."""
+        # A per-try limit the caller's deadline comes before is the caller's deadline.
+        limit = self.policy.per_try.limit_s(lease.expected_s, lease.work)
+        if limit is not None and timeout is not None and limit >= timeout:
+            limit = None
         try:
-            result, trailers = await attempt.send(lease.child, metadata, timeout)
+            result, trailers = await within_per_try(
+                attempt.send(lease.child, metadata, timeout), lambda: attempt.committed, limit
+            )
+        except PerTryExpired as exc:
+            attempts.failures.append(self._expired(lease, exc))
+            return None
         except grpc.aio.AioRpcError as exc:
             attempts.failures.append(self._failed(lease, exc, committed=attempt.committed))
             return None
@@ -283,6 +300,12 @@ class Forwarder:
             raise RouteError(grpc.StatusCode.INTERNAL, f"forwarding failed: {exc!r}") from None
         self.settle(lease, grpc.StatusCode.OK, trailers)
         return result, trailers
+
+    def _expired(self, lease: Lease, exc: PerTryExpired) -> Failover:
+        """Settle an attempt its per-try timeout cancelled: a failover, whatever the codes."""
+        code, detail = grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
+        self.settle(lease, code, (), detail, timed_out=True)
+        return Failover(lease.child.name, code, detail, (), child_down=not lease.child.healthy)
 
     def route_of(self, child: Child, child_trailers: Any) -> str:
         below = trailer(child_trailers, ROUTE) or child.name
@@ -333,11 +356,20 @@ class Forwarder:
             attempts.holding_retry = False
             self.budget.retry_finished()
 
-    def settle(self, lease: Lease, code: grpc.StatusCode, trailers: Any, detail: str = "") -> None:
+    def settle(
+        self,
+        lease: Lease,
+        code: grpc.StatusCode,
+        trailers: Any,
+        detail: str = "",
+        *,
+        timed_out: bool = False,
+    ) -> None:
         tokens = lease.max_tokens if code == grpc.StatusCode.OK else 0
         elapsed = self.clock() - lease.started_at
         self.tracing.end_attempt(lease, code, detail, elapsed)
-        self.balancer.release(lease, Outcome(code, elapsed, tokens, trailers, detail))
+        outcome = Outcome(code, elapsed, tokens, trailers, detail, timed_out=timed_out)
+        self.balancer.release(lease, outcome)
 
     def _failed(self, lease: Lease, exc: grpc.aio.AioRpcError, *, committed: bool) -> Failover:
         """Settle a failed attempt; the Failover to record, or the RouteError to return."""
@@ -361,4 +393,3 @@ def remaining(context: grpc.aio.ServicerContext) -> float | None:
     if left <= 0:
         raise RouteError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline spent before forwarding")
     return float(left)
-

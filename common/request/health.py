@@ -9,7 +9,10 @@ Every tier watches the health of what it routes to, in one of two ways, both her
 - ``check_gpu(models, timeout_s)``: one poll, grpc.health.v1 ``Check`` of the V2
   service (the server-wide ``""`` when the server does not know that name), then
   V2 ``ModelReady`` for every model, all within one timeout. The local tier's
-  ``BackendMonitor`` polls its GPUs so, on a jittered interval.
+  ``BackendMonitor`` polls its GPUs so, on a jittered interval. Its ``GpuCheck``
+  tells a server that answered (SERVING or not) from one that failed the call,
+  and both from a check that ran out of time (``slow``): a slow probe is no
+  verdict, since under load the prober's own deadline is what fails first.
 
 ``server_ready(timeout_s)`` is the V2 ``ServerReady`` probe a tier sends a child
 that is down (a watch reports only changes). Results are ``(healthy, reason)``;
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
@@ -37,6 +41,24 @@ WATCH_RETRY_MIN_S = 0.1
 WATCH_RETRY_MAX_S = 1.0
 
 _SERVING = health_pb2.HealthCheckResponse.SERVING
+_DEADLINE = grpc.StatusCode.DEADLINE_EXCEEDED
+
+
+@dataclass(frozen=True)
+class GpuCheck:
+    """One health check of a GPU server: ``healthy`` only if SERVING with a model ready.
+
+    ``answered``: the server itself answered (SERVING or not, a model ready or not),
+    so an unhealthy check is its own verdict. ``slow``: the check ran out of time
+    before the server answered: it says nothing of the server's health. Neither:
+    the call failed (no connection, reset, an error status).
+    """
+
+    healthy: bool
+    reason: str
+    ready: frozenset[str] = frozenset()
+    answered: bool = True
+    slow: bool = False
 
 
 class HealthChecker:
@@ -84,23 +106,21 @@ class HealthChecker:
             return True, ""
         return False, "probe: ServerReady says not ready"
 
-    async def check_gpu(
-        self, models: Iterable[str], timeout_s: float
-    ) -> tuple[bool, str, frozenset[str]]:
-        """``(healthy, reason, ready models)`` of a GPU server, all within ``timeout_s``:
-        healthy only if SERVING with at least one of ``models`` ready."""
+    async def check_gpu(self, models: Iterable[str], timeout_s: float) -> GpuCheck:
+        """The health of a GPU server, all within ``timeout_s``: healthy only if
+        SERVING with at least one of ``models`` ready (see ``GpuCheck``)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
 
         def remaining() -> float:
             return max(0.0, deadline - loop.time())
 
-        serving, reason = await self._check(remaining)
-        if not serving:
-            return False, reason, frozenset()
+        serving = await self._check(remaining)
+        if not serving.healthy:
+            return serving
         return await self._models_ready(sorted(models), remaining)
 
-    async def _check(self, remaining: Callable[[], float]) -> tuple[bool, str]:
+    async def _check(self, remaining: Callable[[], float]) -> GpuCheck:
         """grpc.health.v1 ``Check`` of the service, or server-wide when it is unknown."""
         try:
             try:
@@ -114,28 +134,37 @@ class HealthChecker:
                     health_pb2.HealthCheckRequest(service=""), timeout=remaining()
                 )
         except grpc.aio.AioRpcError as exc:
-            return False, f"health check: {exc.code().name}: {exc.details()}"
+            reason = f"health check: {exc.code().name}: {exc.details()}"
+            return GpuCheck(False, reason, answered=False, slow=exc.code() == _DEADLINE)
         if reply.status != _SERVING:
             status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-            return False, f"health check: {status}"
-        return True, "SERVING"
+            return GpuCheck(False, f"health check: {status}")
+        return GpuCheck(True, "SERVING")
 
-    async def _models_ready(
-        self, models: list[str], remaining: Callable[[], float]
-    ) -> tuple[bool, str, frozenset[str]]:
-        async def model_ready(model: str) -> str | None:
-            """None when ready, else why not."""
+    async def _models_ready(self, models: list[str], remaining: Callable[[], float]) -> GpuCheck:
+        async def model_ready(model: str) -> grpc.StatusCode | None:
+            """None when ready, OK when it answered not ready, else the call's failure."""
             try:
                 answer = await self.v2.ModelReady(
                     pb.ModelReadyRequest(name=model), timeout=remaining()
                 )
             except grpc.aio.AioRpcError as exc:
-                return f"{model}: {exc.code().name}"
-            return None if answer.ready else f"{model}: not ready"
+                return exc.code()
+            return None if answer.ready else grpc.StatusCode.OK
 
-        errors = await asyncio.gather(*(model_ready(m) for m in models))
-        ready = frozenset(m for m, err in zip(models, errors, strict=True) if err is None)
-        if not ready:
-            why = "; ".join(e for e in errors if e) or "no models configured"
-            return False, f"SERVING but no model ready ({why})", ready
-        return True, f"SERVING, {len(ready)}/{len(models)} models ready", ready
+        codes = await asyncio.gather(*(model_ready(m) for m in models))
+        ready = frozenset(m for m, code in zip(models, codes, strict=True) if code is None)
+        if ready:
+            return GpuCheck(True, f"SERVING, {len(ready)}/{len(models)} models ready", ready)
+        why = "; ".join(
+            f"{m}: {'not ready' if code == grpc.StatusCode.OK else code.name}"
+            for m, code in zip(models, codes, strict=True)
+            if code is not None
+        )
+        reason = f"SERVING but no model ready ({why or 'no models configured'})"
+        # Every model that did not answer ran out of time: no verdict; else the
+        # server said "not ready" for one at least, or a call failed.
+        failed = [code for code in codes if code is not None]
+        slow = bool(failed) and all(code == _DEADLINE for code in failed)
+        answered = not failed or grpc.StatusCode.OK in failed
+        return GpuCheck(False, reason, answered=answered, slow=slow and not answered)

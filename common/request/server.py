@@ -11,6 +11,9 @@ RESOURCE_EXHAUSTED from gRPC itself:
   which it refuses a *random share* of requests) and a hard one
   (``grpc.absolute_max_metadata_size``); both are set to the same value so the
   limit is exact, not probabilistic.
+
+Every server and channel runs gRPC keepalive (``common.request.keepalive``), so a
+hung peer is found within ``time_s + timeout_s`` (2 s between tiers).
 """
 
 from __future__ import annotations
@@ -22,17 +25,20 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from common.config.access import Limits
+from common.config.liveness import Keepalive
 from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.request.keepalive import keepalive_channel_args, keepalive_server_args
 
 V2_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 # Responses (generated text) a tier accepts from its children.
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
-def server_options(limits: Limits) -> list[tuple[str, int]]:
-    """gRPC server options enforcing ``limits`` (see the module docstring)."""
+def server_options(limits: Limits, keepalive: Keepalive | None = None) -> list[tuple[str, int]]:
+    """gRPC server options enforcing ``limits`` and ``keepalive`` (default: between
+    tiers); see the module docstring."""
     return [
         # grpcio turns SO_REUSEPORT on by default, so a second server on a taken port
         # would start silently and share it; a router must fail loudly instead.
@@ -41,6 +47,7 @@ def server_options(limits: Limits) -> list[tuple[str, int]]:
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_metadata_size", limits.max_metadata_bytes),
         ("grpc.absolute_max_metadata_size", limits.max_metadata_bytes),
+        *keepalive_server_args(keepalive or Keepalive()),
     ]
 
 
@@ -58,6 +65,11 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
 ]
 
 
+def channel_options(keepalive: Keepalive) -> list[tuple[str, int]]:
+    """``CHANNEL_OPTIONS`` with ``keepalive``: what a tier dials its children with."""
+    return [*CHANNEL_OPTIONS, *keepalive_channel_args(keepalive)]
+
+
 class V2Server:
     """A grpc.aio server serving a V2 servicer plus health and reflection.
 
@@ -67,6 +79,7 @@ class V2Server:
     (see ``common.config.tls``), else plaintext. ``limits`` bounds message and
     metadata sizes (default: ``Limits()``, 4 MiB and 16 KiB). ``interceptors``
     wrap every handler (``common.request.call.CallInterceptor`` records inference calls).
+    ``keepalive``: how it pings its callers (default: as between tiers).
     """
 
     def __init__(
@@ -77,6 +90,7 @@ class V2Server:
         credentials: grpc.ServerCredentials | None = None,
         limits: Limits | None = None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        keepalive: Keepalive | None = None,
     ) -> None:
         self.endpoint = endpoint
         self.credentials = credentials
@@ -84,7 +98,7 @@ class V2Server:
         self.port = endpoint.port
         self.health = health.aio.HealthServicer()
         self._server = grpc.aio.server(
-            options=server_options(self.limits), interceptors=list(interceptors)
+            options=server_options(self.limits, keepalive), interceptors=list(interceptors)
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

@@ -19,6 +19,7 @@ from opentelemetry import trace
 
 from common.capacity.streams import CapacityPublisher, CapacityReader
 from common.config.access import Limits
+from common.config.liveness import Keepalive
 from common.config.node import Endpoint
 from common.observability.tier_metrics import CountingRetryBudget, TierMetrics
 from common.observability.tracing import Telemetry, TierTracing
@@ -77,6 +78,8 @@ class TierServer:
     services: list[Service] = field(default_factory=list)
     admission: Admission | None = None
     limits: Limits = field(default_factory=Limits)
+    # How the server pings its callers (common.request.keepalive).
+    keepalive: Keepalive = field(default_factory=Keepalive)
     telemetry: Telemetry | None = None
     # TLS for the served port (common.config.tls.tier_server_credentials); None: plaintext.
     credentials: grpc.ServerCredentials | None = None
@@ -156,6 +159,7 @@ class TierServer:
             credentials=self.credentials,
             limits=self.limits,
             interceptors=[CallInterceptor(observers)],
+            keepalive=self.keepalive,
         )
 
     def _children_changed(self) -> None:

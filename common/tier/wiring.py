@@ -15,14 +15,17 @@ def tier_children(
     topology: Topology, children: Iterable[Child], kind: str, *, probe: bool = True
 ) -> ChildSet:
     """A tier's children with the topology's health interval and summary TTL; tier
-    children (``probe``) are dialled with the topology's TLS, GPU workers in plaintext
-    and health-checked by the local tier's own monitor."""
+    children (``probe``) are dialled with the topology's TLS and keepalive, GPU
+    workers in plaintext with the GPU keepalive and health-checked by the local
+    tier's own monitor."""
+    liveness = topology.liveness
     return ChildSet(
         tuple(children),
         probe_interval_s=topology.health_interval_s,
         summary_ttl_s=topology.summary_ttl_s,
         kind=kind,
         credentials=tier_channel_credentials(topology.tls) if probe else None,
+        keepalive=liveness.keepalive if probe else liveness.gpu_keepalive,
         probe=probe,
     )
 

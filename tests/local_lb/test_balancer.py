@@ -13,6 +13,7 @@ from common.basics.vocabulary import Priority
 from common.config.node import Endpoint
 from common.request.balancer import Outcome
 from common.request.children import ChildSet
+from common.request.health import GpuCheck
 from common.request.pick import PickRequest
 from common.request.resilience import SlowStartConfig
 from local_lb.balancer import LocalBalancer
@@ -157,7 +158,7 @@ async def test_unknown_version_is_not_found() -> None:
 async def test_no_healthy_gpu_is_unavailable() -> None:
     bal = make(n=2)
     for gpu in bal.view.gpus:
-        bal.children.mark_failed(gpu, "probe failed")
+        bal.readiness.probed(gpu.name, GpuCheck(False, "probe failed"))
     with pytest.raises(RouteError) as err:
         await bal.acquire(pick(), (), None)
     assert err.value.code == grpc.StatusCode.UNAVAILABLE
@@ -241,7 +242,7 @@ async def test_queued_requests_fail_over_at_once_when_no_gpu_can_serve_any_more(
     waiter = asyncio.create_task(bal.acquire(pick(), (), 30.0))
     await asyncio.sleep(0)
     assert len(bal.queue) == 1
-    bal.children.mark_failed(bal.view.gpus[0], "gone")
+    bal.readiness.probed("g0", GpuCheck(False, "gone"))
     with pytest.raises(RouteError) as err:
         await asyncio.wait_for(waiter, 1)
     assert err.value.code == grpc.StatusCode.UNAVAILABLE  # the tier above tries another zone

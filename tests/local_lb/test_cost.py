@@ -6,6 +6,7 @@ from common.config.node import Endpoint
 from local_lb.cost import (
     PREFILL_WEIGHT,
     STALE_BUSY_FRACTION,
+    attempt_expected_s,
     ewma,
     expected_completion_s,
     gpu_completion_s,
@@ -90,3 +91,25 @@ def test_gpu_completion_treats_a_warming_gpu_as_slower() -> None:
 
 def test_gpu_completion_floors_a_zero_share_instead_of_dividing_by_zero() -> None:
     assert gpu_completion_s(gpu(rate=1000.0, share=0.0), 1.0, 0.0) == pytest.approx(1.0)
+
+
+def _gpu(rate: float = 2000.0, slots: int = 16) -> GpuChild:
+    return GpuChild(
+        name="g", endpoint=Endpoint("127.0.0.1", 1), models=frozenset(), rate=rate, slots=slots
+    )
+
+
+def test_an_attempt_alone_is_expected_at_its_share_of_a_full_batch() -> None:
+    # 400 tokens on an idle GPU doing 2000 work/s over 16 slots: 125 tokens/s for it.
+    assert attempt_expected_s(_gpu(), 400, work_ahead=0) == pytest.approx(400 * 16 / 2000)
+
+
+def test_an_attempt_behind_more_than_a_batch_waits_for_all_of_it() -> None:
+    assert attempt_expected_s(_gpu(), 100, work_ahead=3900) == pytest.approx(4000 / 2000)
+
+
+def test_weight_and_slow_start_never_shorten_the_expected_attempt() -> None:
+    gpu = _gpu()
+    plain = attempt_expected_s(gpu, 400, 0)
+    gpu.weight, gpu.share = 4.0, 0.1
+    assert attempt_expected_s(gpu, 400, 0) == plain

@@ -17,6 +17,7 @@ from common.config.node import Endpoint
 from common.config.topology import GpuConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.request.health import GpuCheck
 from common.request.v2 import generate_request
 from local_lb.load import BackendMonitor, MonitoredGpu, jittered
 from local_lb.load_book import LoadBook, LoadSample, parse_load_trailer, parse_prometheus_load
@@ -227,8 +228,8 @@ class Recorder:
     def __init__(self) -> None:
         self.calls: Health = []
 
-    def __call__(self, name: str, healthy: bool, reason: str) -> None:
-        self.calls.append((time.monotonic(), name, healthy, reason))
+    def __call__(self, name: str, check: GpuCheck) -> None:
+        self.calls.append((time.monotonic(), name, check.healthy, check.reason))
 
     def last(self, name: str) -> tuple[bool, str] | None:
         for _, n, healthy, reason in reversed(self.calls):

@@ -82,3 +82,19 @@ def test_significant_change_notifies_listeners() -> None:
     assert len(calls) == 1  # the first summary; the unchanged one is quiet
     children.take_summary("z", summary("a", 3, healthy=2))
     assert len(calls) == 2
+
+
+def test_changes_held_for_a_block_are_told_once_and_only_if_any() -> None:
+    children, zone, _ = setup()
+    heard: list[int] = []
+    children.add_listener(lambda: heard.append(1))
+    with children.changes():
+        children.mark_failed(zone, "down")
+        children.mark_healthy(zone)
+        with children.changes():  # nested: the outer block tells
+            children.mark_failed(zone, "down again")
+        assert heard == []
+    assert heard == [1]
+    with children.changes():
+        children.mark_failed(zone, "still down")  # no transition
+    assert heard == [1]

@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 import pytest
@@ -28,11 +29,13 @@ class V2(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self) -> None:
         self.server_ready = True
         self.ready_models: set[str] = set()
+        self.model_ready_delay_s = 0.0
 
     async def ServerReady(self, request: object, context: object) -> pb.ServerReadyResponse:
         return pb.ServerReadyResponse(ready=self.server_ready)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: object) -> object:
+        await asyncio.sleep(self.model_ready_delay_s)
         return pb.ModelReadyResponse(ready=request.name in self.ready_models)
 
 
@@ -100,6 +103,7 @@ class GpuCase:
     healthy: bool
     reason: str
     with_health: bool = True
+    answered: bool = True  # the server's own verdict (else its call failed)
 
 
 GPU_CASES = {
@@ -131,7 +135,7 @@ GPU_CASES = {
     ),
     "no-health-service": GpuCase(
         {}, frozenset({"a"}), frozenset({"a"}), False, "health check: UNIMPLEMENTED: ",
-        with_health=False,
+        with_health=False, answered=False,
     ),
 }  # fmt: skip
 
@@ -143,8 +147,10 @@ async def test_check_gpu(case: GpuCase, endpoints: Make) -> None:
         assert endpoint.health is not None
         await endpoint.health.set(service, status)
     endpoint.v2.ready_models = set(case.ready)
-    healthy, reason, ready = await endpoint.checker().check_gpu(case.models, timeout_s=1.0)
+    check = await endpoint.checker().check_gpu(case.models, timeout_s=1.0)
+    healthy, reason, ready = check.healthy, check.reason, check.ready
     assert healthy is case.healthy
+    assert (check.answered, check.slow) == (case.answered, False)
     if case.reason.endswith(": "):
         assert reason.startswith(case.reason), reason
     else:
@@ -156,12 +162,50 @@ async def test_check_gpu_of_a_dead_endpoint_is_unavailable_within_the_timeout() 
     channel = grpc.aio.insecure_channel(await closed_address())
     try:
         started = time.monotonic()
-        healthy, reason, ready = await HealthChecker(channel).check_gpu({"a"}, timeout_s=0.5)
+        check = await HealthChecker(channel).check_gpu({"a"}, timeout_s=0.5)
         assert time.monotonic() - started < 1.5
     finally:
         await channel.close()
-    assert (healthy, ready) == (False, frozenset())
-    assert reason.startswith(("health check: UNAVAILABLE", "health check: DEADLINE_EXCEEDED"))
+    assert (check.healthy, check.ready, check.answered) == (False, frozenset(), False)
+    assert check.reason.startswith(("health check: UNAVAILABLE", "health check: DEADLINE_EXCEEDED"))
+
+
+class SlowHealth(health.aio.HealthServicer):
+    """grpc.health.v1 whose Check answers only after ``delay_s``."""
+
+    delay_s = 1.0
+
+    async def Check(self, request: Any, context: Any) -> Any:
+        await asyncio.sleep(self.delay_s)
+        return await super().Check(request, context)
+
+
+async def test_check_gpu_that_runs_out_of_time_is_slow_not_a_verdict() -> None:
+    server = grpc.aio.server()
+    servicer = SlowHealth()
+    health_pb2_grpc.add_HealthServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    channel = grpc.aio.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        await servicer.set("", SERVING)
+        check = await HealthChecker(channel).check_gpu({"a"}, timeout_s=0.2)
+    finally:
+        await channel.close()
+        await server.stop(0)
+    assert (check.healthy, check.slow, check.answered) == (False, True, False)
+    assert check.reason.startswith("health check: DEADLINE_EXCEEDED"), check.reason
+
+
+async def test_check_gpu_whose_model_ready_runs_out_of_time_is_slow(endpoints: Make) -> None:
+    endpoint: Endpoint = await endpoints()
+    assert endpoint.health is not None
+    await endpoint.health.set(V2_SERVICE, SERVING)
+    endpoint.v2.ready_models = {"a"}
+    endpoint.v2.model_ready_delay_s = 1.0
+    check = await endpoint.checker().check_gpu({"a"}, timeout_s=0.2)
+    assert (check.healthy, check.slow, check.answered) == (False, True, False)
+    assert check.reason == "SERVING but no model ready (a: DEADLINE_EXCEEDED)"
 
 
 # ------------------------------------------------------------------ server_ready
