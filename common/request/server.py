@@ -11,6 +11,12 @@ RESOURCE_EXHAUSTED from gRPC itself:
   which it refuses a *random share* of requests) and a hard one
   (``grpc.absolute_max_metadata_size``); both are set to the same value so the
   limit is exact, not probabilistic.
+
+At the edge (the client-facing server) a client connection may carry at most
+``max_streams_per_connection`` calls at once (``grpc.max_concurrent_streams``,
+HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS): a client's further calls wait in the
+client until one ends. Inner tiers leave it unbounded: all traffic from the tier
+above shares one connection, bounded by the tenants' limits already.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ V2_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
-def server_options(limits: Limits) -> list[tuple[str, int]]:
+def server_options(limits: Limits, *, edge: bool = False) -> list[tuple[str, int]]:
     """gRPC server options enforcing ``limits`` (see the module docstring)."""
+    per_connection = [("grpc.max_concurrent_streams", limits.max_streams_per_connection)]
     return [
+        *(per_connection if edge else []),
         # grpcio turns SO_REUSEPORT on by default, so a second server on a taken port
         # would start silently and share it; a router must fail loudly instead.
         ("grpc.so_reuseport", 0),
@@ -67,6 +75,7 @@ class V2Server:
     (see ``common.config.tls``), else plaintext. ``limits`` bounds message and
     metadata sizes (default: ``Limits()``, 4 MiB and 16 KiB). ``interceptors``
     wrap every handler (``common.request.call.CallInterceptor`` records inference calls).
+    ``edge``: the client-facing server, which caps calls per connection.
     """
 
     def __init__(
@@ -77,6 +86,7 @@ class V2Server:
         credentials: grpc.ServerCredentials | None = None,
         limits: Limits | None = None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
+        edge: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.credentials = credentials
@@ -84,7 +94,7 @@ class V2Server:
         self.port = endpoint.port
         self.health = health.aio.HealthServicer()
         self._server = grpc.aio.server(
-            options=server_options(self.limits), interceptors=list(interceptors)
+            options=server_options(self.limits, edge=edge), interceptors=list(interceptors)
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

@@ -156,6 +156,7 @@ class TierServer:
             credentials=self.credentials,
             limits=self.limits,
             interceptors=[CallInterceptor(observers)],
+            edge=not self.spec.trust_internal,
         )
 
     def _children_changed(self) -> None:
