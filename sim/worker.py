@@ -91,6 +91,13 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
         self._ready = False
         self._grace = 0.0
         self._stack: contextlib.AsyncExitStack | None = None
+        # Each open stream's queue of responses waiting to be written.
+        self._stream_queues: set[asyncio.Queue[pb.ModelStreamInferResponse | None]] = set()
+
+    @property
+    def stream_backlog(self) -> int:
+        """Responses waiting in this GPU's open streams to be written to their callers."""
+        return sum(queue.qsize() for queue in self._stream_queues)
 
     @property
     def address(self) -> str:
@@ -260,11 +267,13 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
                     await out.put(None)
 
         reader = asyncio.create_task(read())
+        self._stream_queues.add(out)
         try:
             while (response := await out.get()) is not None:
                 yield response
             context.set_trailing_metadata(self._trailers())
         finally:
+            self._stream_queues.discard(out)
             for task in (reader, *tasks):
                 task.cancel()
             await asyncio.gather(reader, *tasks, return_exceptions=True)
