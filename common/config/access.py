@@ -105,7 +105,7 @@ class Limits:
     max_metadata_bytes: int = 16 * 1024
     max_stream_requests_in_flight: int = 8
     stream_write_timeout_s: float = 10.0
-    stream_idle_timeout_s: float = 120.0
+    stream_idle_timeout_s: float = 300.0
     max_streams_per_connection: int = 100
     max_open_streams_per_tenant: int = 128
 

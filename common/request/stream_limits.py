@@ -17,7 +17,7 @@ from common.basics.errors import RouteError
 
 # When a refused caller may try again: streams live for seconds to minutes, so
 # sooner than this is unlikely to find one closed.
-RETRY_AFTER_MS = 1000
+OPEN_STREAM_RETRY_AFTER_MS = 1000
 
 
 class OpenStreams:
@@ -41,7 +41,7 @@ class OpenStreams:
                 f"tenant '{tenant}' has {held} streams open, the most one tenant may hold "
                 f"(limits.max_open_streams_per_tenant); close one or send its requests "
                 "on a stream already open",
-                RETRY_AFTER_MS,
+                OPEN_STREAM_RETRY_AFTER_MS,
             )
         self._open[tenant] = held + 1
         released = False

@@ -187,8 +187,10 @@ async def test_a_free_tier_stream_is_admitted_request_by_request(fleet: Fleet) -
     """20 requests x 600 tokens on one stream: the rate limit (burst 3) admits a few,
     the rest are refused one by one, never more than max_concurrent (4) run at once,
     and each request leaves its own usage record."""
+    started = time.monotonic()
     async with peak(lambda: sum(fleet.running())) as running:
         by_id = await run_stream(fleet, "free", list(streamed(20, 600)))
+    elapsed_s = time.monotonic() - started
     assert sorted(by_id) == sorted(f"r{i}" for i in range(20))  # every request answered
     served = {i for i, rs in by_id.items() if not rs[0].error_message}
     refused = set(by_id) - served
@@ -197,7 +199,8 @@ async def test_a_free_tier_stream_is_admitted_request_by_request(fleet: Fleet) -
     for request_id in refused:
         [error] = by_id[request_id]
         assert error.error_message.startswith("RESOURCE_EXHAUSTED: ")
-    assert 1 <= len(served) <= 4 and refused
+    # GCRA admits at most its burst (3) plus 3 a second; the rest are refused, not queued.
+    assert 3 <= len(served) <= 3 + 3 * elapsed_s and refused
     assert running[0] <= 4
     records = await wait_for_usage(fleet, "free", 20)
     assert len(records) == 20

@@ -149,7 +149,7 @@ def test_stream_limits_default_when_absent() -> None:
         limits.stream_idle_timeout_s,
         limits.max_streams_per_connection,
         limits.max_open_streams_per_tenant,
-    ) == (8, 10.0, 120.0, 100, 128)
+    ) == (8, 10.0, 300.0, 100, 128)
 
 
 def test_stream_limits_read_from_topology() -> None:
