@@ -144,7 +144,8 @@ class TierMetrics:
         tenant = self.tenant_label(call.tenant)
         if call.carries_requests:
             self.streams.labels(self.tier, call.code.name, tenant).inc()
-            if call.code is grpc.StatusCode.RESOURCE_EXHAUSTED:
+            # A stream refused as a whole (its requests' refusals count as they end).
+            if call.code is grpc.StatusCode.RESOURCE_EXHAUSTED and not call.requests:
                 self.sheds.labels(self.tier, shed_reason(call.detail)).inc()
             return
         self.record(call.model, tenant, call.code, call.detail, call.elapsed_s)
