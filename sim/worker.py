@@ -32,6 +32,10 @@ PLATFORM = "meridian-sim"
 ROUTE_HEADER = "x-meridian-route"
 LOAD_HEADER = "x-meridian-load"
 PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+# Responses one stream may hold waiting to be written: beyond that its requests stop
+# taking tokens from the engine, so a caller that stops reading holds generation
+# back instead of growing memory (the engine keeps at most a request's max_tokens).
+STREAM_QUEUE_RESPONSES = 64
 
 # (name, type, help, EngineStats attribute); all carry a model_name label.
 _METRICS = (
@@ -87,6 +91,13 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
         self._ready = False
         self._grace = 0.0
         self._stack: contextlib.AsyncExitStack | None = None
+        # Each open stream's queue of responses waiting to be written.
+        self._stream_queues: set[asyncio.Queue[pb.ModelStreamInferResponse | None]] = set()
+
+    @property
+    def stream_backlog(self) -> int:
+        """Responses waiting in this GPU's open streams to be written to their callers."""
+        return sum(queue.qsize() for queue in self._stream_queues)
 
     @property
     def address(self) -> str:
@@ -231,9 +242,13 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
         last marked final; without it, one final response with the whole text
         (Triton's generate convention). A bad request yields a response with
         ``error_message`` and the stream goes on (Triton's behaviour). The stream
-        ends when the client half-closes and every request is answered.
+        ends when the client half-closes and every request is answered. The queue
+        is bounded (``STREAM_QUEUE_RESPONSES``): a caller that stops reading blocks
+        the requests' ``put``, and they stop consuming the engine's tokens.
         """
-        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue()
+        out: asyncio.Queue[pb.ModelStreamInferResponse | None] = asyncio.Queue(
+            STREAM_QUEUE_RESPONSES
+        )
         tasks: set[asyncio.Task[None]] = set()
 
         async def read() -> None:
@@ -245,14 +260,20 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
                 while tasks:
                     await asyncio.wait(set(tasks))
             finally:
-                out.put_nowait(None)
+                # The end (or reading failed): the writer stops after what it has queued.
+                # Cancelled, the stream is being torn down and nobody reads any more.
+                me = asyncio.current_task()
+                if me is None or not me.cancelling():
+                    await out.put(None)
 
         reader = asyncio.create_task(read())
+        self._stream_queues.add(out)
         try:
             while (response := await out.get()) is not None:
                 yield response
             context.set_trailing_metadata(self._trailers())
         finally:
+            self._stream_queues.discard(out)
             for task in (reader, *tasks):
                 task.cancel()
             await asyncio.gather(reader, *tasks, return_exceptions=True)
@@ -266,18 +287,19 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
                 # `stream: false` asks for the whole text in one final response.
                 async with contextlib.aclosing(self._generate(gen)) as tokens:
                     text = " ".join([token async for token in tokens])
-                out.put_nowait(_stream_response(text_response(request, text, final=True)))
+                await out.put(_stream_response(text_response(request, text, final=True)))
                 return
             last = gen.max_tokens - 1
             async with contextlib.aclosing(self._generate(gen)) as tokens:
                 i = 0
                 async for token in tokens:
-                    out.put_nowait(_stream_response(text_response(request, token, final=i == last)))
+                    response = text_response(request, token, final=i == last)
+                    await out.put(_stream_response(response))
                     i += 1
         except RouteError as exc:
-            out.put_nowait(_stream_error(request, f"{exc.code.name}: {exc.message}"))
+            await out.put(_stream_error(request, f"{exc.code.name}: {exc.message}"))
         except Exception as exc:  # a bug must still answer the request, not drop it
-            out.put_nowait(_stream_error(request, f"INTERNAL: {type(exc).__name__}: {exc}"))
+            await out.put(_stream_error(request, f"INTERNAL: {type(exc).__name__}: {exc}"))
 
     def _parse(self, request: pb.ModelInferRequest) -> GenerateRequest:
         gen = parse_generate(request)

@@ -82,7 +82,7 @@ MIN_METADATA_BYTES = 8 * 1024
 
 @dataclass(frozen=True)
 class Limits:
-    """How big a request may be; every tier enforces them before doing any work.
+    """How big a request may be and what a stream may hold; every tier enforces them.
 
     ``max_message_bytes`` and ``max_metadata_bytes`` are gRPC server options
     (``common.request.server.server_options``): gRPC itself refuses a larger
@@ -90,12 +90,24 @@ class Limits:
     runs. ``max_prompt_bytes`` (UTF-8 bytes of ``text_input``) and
     ``max_inputs`` are checked by ``common.request.v2.parse_generate``
     (INVALID_ARGUMENT).
+
+    The stream limits bound what one ``ModelStreamInfer`` can hold
+    (``common.request.streaming``): requests in flight (beyond, the stream's
+    requests are not read until one finishes), how long a response may wait to
+    be written to a caller that stopped reading, and how long a stream may sit
+    with nothing in flight. The edge also caps calls per client connection (a
+    gRPC server option) and open streams per tenant (``common.request.stream_limits``).
     """
 
     max_message_bytes: int = 4 * 1024 * 1024
     max_prompt_bytes: int = 256 * 1024
     max_inputs: int = 16
     max_metadata_bytes: int = 16 * 1024
+    max_stream_requests_in_flight: int = 8
+    stream_write_timeout_s: float = 10.0
+    stream_idle_timeout_s: float = 300.0
+    max_streams_per_connection: int = 100
+    max_open_streams_per_tenant: int = 128
 
 
 def _digests(node: ConfigNode, key: str, default: Any = ...) -> list[str]:
@@ -189,18 +201,25 @@ def parse_tls(root: ConfigNode) -> TlsConfig | None:
     return tls
 
 
+# Stream timeouts: at most a day (longer is surely a unit mistake).
+MAX_STREAM_TIMEOUT_S = 86_400.0
+
+
 def parse_limits(root: ConfigNode) -> Limits:
     if "limits" not in root.raw:
         root.seen.add("limits")
         return Limits()
     node = root.child("limits")
     default = Limits()
-    values: dict[str, int] = {}
+    values: dict[str, Any] = {}
     for key, floor in (
         ("max_message_bytes", 1),
         ("max_prompt_bytes", 1),
         ("max_inputs", 1),
         ("max_metadata_bytes", MIN_METADATA_BYTES),
+        ("max_stream_requests_in_flight", 1),
+        ("max_streams_per_connection", 1),
+        ("max_open_streams_per_tenant", 1),
     ):
         value = node.get(key, getattr(default, key), kind=int)
         if not floor <= value <= GRPC_MAX_LIMIT:
@@ -208,6 +227,15 @@ def parse_limits(root: ConfigNode) -> Limits:
                 f"{node.key_path(key)}: must be between {floor} and {GRPC_MAX_LIMIT}, got {value}"
             )
         values[key] = value
+    for key in ("stream_write_timeout_s", "stream_idle_timeout_s"):
+        seconds = node.get(key, getattr(default, key), kind=float)
+        # `not <=` also refuses NaN.
+        if not (0 < seconds <= MAX_STREAM_TIMEOUT_S):
+            raise ConfigError(
+                f"{node.key_path(key)}: must be > 0 and at most {MAX_STREAM_TIMEOUT_S:g} s, "
+                f"got {seconds}"
+            )
+        values[key] = seconds
     node.done()
     limits = Limits(**values)
     if limits.max_prompt_bytes >= limits.max_message_bytes:

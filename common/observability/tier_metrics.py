@@ -3,9 +3,10 @@ health and summary age (callback gauges), retries, the local tier's queue and ej
 
 ``TierMetrics`` owns a tier's ``Registry`` and its families. Request counts and
 latencies are recorded when the call interceptor (``common.request.call``) tells it
-a ModelInfer or ModelStreamInfer call ended, so the request path stays free of
-metric calls. Child health and summary age are callback gauges read from the ``ChildSet``
-at scrape time.
+a request ended — a ModelInfer call, or one request of a ModelStreamInfer (each
+counted on its own) — so the request path stays free of metric calls; streams
+themselves are counted apart, by how they ended. Child health and summary age
+are callback gauges read from the ``ChildSet`` at scrape time.
 
 Labels are bounded: ``model`` is a configured model or ``-``, ``tenant`` a
 configured tenant id or ``-``, ``status`` a gRPC status code name.
@@ -35,7 +36,12 @@ UNKNOWN_LABEL = "-"
 
 def shed_reason(message: str) -> str:
     """A bounded reason for a RESOURCE_EXHAUSTED answer, from its message."""
-    for limit in ("requests_per_s", "tokens_per_min", "max_concurrent"):
+    for limit in (
+        "requests_per_s",
+        "tokens_per_min",
+        "max_concurrent",
+        "max_open_streams_per_tenant",
+    ):
         if limit in message:
             return limit
     return "capacity"
@@ -60,8 +66,15 @@ class TierMetrics:
         r = self.registry
         self.requests = r.counter(
             "meridian_requests_total",
-            "Inference calls answered by this tier, by final gRPC status.",
+            "Inference requests answered by this tier (a ModelInfer call, or one "
+            "request of a stream), by final gRPC status.",
             ("tier", "model", "status", "tenant"),
+        )
+        self.streams = r.counter(
+            "meridian_streams_total",
+            "ModelStreamInfer calls ended at this tier, by final gRPC status "
+            "(their requests are counted in meridian_requests_total).",
+            ("tier", "status", "tenant"),
         )
         self.duration = r.histogram(
             "meridian_request_duration_seconds",
@@ -128,9 +141,14 @@ class TierMetrics:
         return None
 
     def call_ended(self, call: CallRecord) -> None:
-        self.record(
-            call.model, self.tenant_label(call.tenant), call.code, call.detail, call.elapsed_s
-        )
+        tenant = self.tenant_label(call.tenant)
+        if call.carries_requests:
+            self.streams.labels(self.tier, call.code.name, tenant).inc()
+            # A stream refused as a whole (its requests' refusals count as they end).
+            if call.code is grpc.StatusCode.RESOURCE_EXHAUSTED and not call.requests:
+                self.sheds.labels(self.tier, shed_reason(call.detail)).inc()
+            return
+        self.record(call.model, tenant, call.code, call.detail, call.elapsed_s)
 
 
 class CountingRetryBudget(RetryBudget):

@@ -10,6 +10,15 @@ starts and once it has ended, with the final status.
 The record travels in a ``ContextVar``: grpc.aio runs each call in a task of its
 own, so the variable is per call, and tasks the handler starts (a stream's client
 reader) see the same record.
+
+A stream carries requests, and every request counts on its own: the stream
+relay (``common.request.streaming``) gives each one a record of its own
+(``CallRecord.for_request``, ``stream`` set to the stream's record) and, once the
+request has ended, hands it to the observers' ``call_ended``
+(``CallRecord.request_ended``). Such a record never gets ``call_started`` (the
+stream's server span is the trace's; the request's pick and attempt spans hang
+under it). The stream's own record still starts and ends with the call, but it
+``carries_requests``: usage is billed, and requests counted, per request.
 """
 
 from __future__ import annotations
@@ -27,7 +36,13 @@ from opentelemetry.trace import Span
 
 from common.request.routing import RouteHints
 
-INFER_METHODS = frozenset({"ModelInfer", "ModelStreamInfer"})
+STREAM_METHOD = "ModelStreamInfer"
+INFER_METHODS = frozenset({"ModelInfer", STREAM_METHOD})
+
+
+def _nobody(request: CallRecord) -> None:
+    """Where a stream's finished requests go when no interceptor observes the call."""
+    return None
 
 
 @dataclass(slots=True)
@@ -47,14 +62,43 @@ class CallRecord:
     span: Span = trace.INVALID_SPAN
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
     detail: str = ""
+    # The stream this is one request of (None: a unary call, or a stream's own record).
+    stream: CallRecord | None = None
+    # A stream's requests that have ended, and where each one's record goes (the
+    # interceptor's observers).
+    requests: int = 0
+    report: Callable[[CallRecord], None] = _nobody
 
     @property
     def tenant(self) -> str:
         return self.hints.tenant if self.hints is not None else ""
 
     @property
+    def carries_requests(self) -> bool:
+        """A stream's own record: its requests are recorded (billed, counted) one by one."""
+        return self.method == STREAM_METHOD and self.stream is None
+
+    def for_request(self) -> CallRecord:
+        """A record for one request of this stream, started now."""
+        return CallRecord(
+            self.method, self.metadata, time.monotonic(), hints=self.hints, stream=self
+        )
+
+    def request_ended(self, request: CallRecord) -> None:
+        """One request of this stream has ended (its code set): count it, report it."""
+        self.requests += 1
+        self.prompt_tokens += request.prompt_tokens
+        self.completion_tokens += request.completion_tokens
+        if request.route:
+            self.route = request.route
+        self.report(request)
+
+    @property
     def trace_id(self) -> str:
-        """The call's W3C trace id: its server span's, else the caller's ``traceparent``'s."""
+        """The call's W3C trace id: its server span's, else the caller's ``traceparent``'s
+        (a stream's request: its stream's)."""
+        if self.stream is not None:
+            return self.stream.trace_id
         ctx = self.span.get_span_context()
         if ctx.is_valid:
             return format(ctx.trace_id, "032x")
@@ -105,8 +149,8 @@ def final_status(context: Any, exc: BaseException | None) -> tuple[grpc.StatusCo
 class CallInterceptor(grpc.aio.ServerInterceptor):
     """Wraps ModelInfer and ModelStreamInfer in one ``CallRecord`` shared by ``observers``:
     started in their order, ended in reverse (the first to start is the last to end, so
-    the tracing observer, first, still has its span while the others end). Other methods
-    pass untouched."""
+    the tracing observer, first, still has its span while the others end). A stream's
+    requests are ended the same way as each finishes. Other methods pass untouched."""
 
     def __init__(self, observers: Sequence[CallObserver]) -> None:
         self.observers = tuple(observers)
@@ -152,7 +196,7 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         context: Any,
         handling: Awaitable[Any],
     ) -> Any:
-        call = CallRecord(method, metadata, time.monotonic())
+        call = CallRecord(method, metadata, time.monotonic(), report=self._ended)
         token = CURRENT_CALL.set(call)
         for observer in self.observers:
             observer.call_started(call)
@@ -165,5 +209,8 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         finally:
             CURRENT_CALL.reset(token)
             call.code, call.detail = final_status(context, failure)
-            for observer in reversed(self.observers):
-                observer.call_ended(call)
+            self._ended(call)
+
+    def _ended(self, call: CallRecord) -> None:
+        for observer in reversed(self.observers):
+            observer.call_ended(call)

@@ -20,7 +20,7 @@ import grpc
 
 from common.basics.errors import RouteError
 from common.basics.geo import GeoPoint
-from common.basics.vocabulary import Priority
+from common.basics.vocabulary import ANONYMOUS_TENANT, Priority
 from common.capacity.summary import CAPACITY_HINT
 from common.config.access import Limits
 from common.gen.inference import grpc_service_pb2 as pb
@@ -33,6 +33,8 @@ from common.request.forwarding import Forwarder, UnaryAttempt
 from common.request.pick import PickRequest
 from common.request.prefix import MAX_CARRIED_BLOCKS, prompt_block_hashes
 from common.request.routing import RouteHints, parse_hints
+from common.request.stream_limits import OpenStreams
+from common.request.stream_request import RequestPath, StreamRequestAttempt
 from common.request.streaming import Release, StreamRelay, no_release
 from common.request.v2 import MAX_NAME_CHARS, GenerateRequest, parse_generate
 
@@ -88,6 +90,11 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         self.gate: Gate = gate or OpenGate()
         self.limits = limits or Limits()
         self.models = frozenset(m for c in children for m in c.models)
+        # Open streams per tenant, capped at the edge only: inner tiers see one stream
+        # per request in flight, which the tenant's concurrency cap already bounds.
+        self.open_streams = (
+            None if spec.trust_internal else OpenStreams(self.limits.max_open_streams_per_tenant)
+        )
 
     def serve_models(self, models: frozenset[str]) -> None:
         """The models this tier answers for from now on (a reload or a child leaving)."""
@@ -158,36 +165,45 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         request_iterator: AsyncIterator[pb.ModelInferRequest],
         context: grpc.aio.ServicerContext,
     ) -> None:
+        """Every request of the stream on its own (``common.request.streaming``)."""
         call = current_call("ModelStreamInfer", context.invocation_metadata())
         try:
             hints = call.hints = self.hints(context)
-            relay = self._stream_relay(hints, context, call)
-            call.route = await relay.relay(
-                request_iterator,
-                lambda attempt, pick: self.forwarder.forward(
-                    attempt, pick, hints, context, call.span
-                ),
+            release = (
+                no_release
+                if self.open_streams is None
+                else self.open_streams.open(hints.tenant or ANONYMOUS_TENANT)
             )
+            try:
+                relay = StreamRelay(
+                    context,
+                    call,
+                    self._request_path(hints, context, call),
+                    self.limits,
+                    single=hints.single_request,
+                )
+                await relay.relay(request_iterator)
+            finally:
+                release()
         except RouteError as err:
-            await context.abort(err.code, err.message, trailing_metadata=err.trailers)
+            await self.abort(context, err, call.model)
 
-    def _stream_relay(
+    def _request_path(
         self, hints: RouteHints, context: grpc.aio.ServicerContext, call: CallRecord
-    ) -> StreamRelay:
-        async def place(gen: GenerateRequest) -> tuple[PickRequest, Release]:
-            pick = self.pick_request(gen.model, gen.version, hints, gen)
-            return pick, await self.gate.admit(hints, pick)
+    ) -> RequestPath:
+        """What this tier does for each request of a stream: what ModelInfer does."""
 
-        def check_served(gen: GenerateRequest) -> None:
-            if gen.model not in self.models:
-                raise RouteError.not_found(f"model {gen.model!r} is not served here")
+        async def admit(pick: PickRequest) -> Release:
+            return await self.gate.admit(hints, pick)
 
-        return StreamRelay(
-            context,
-            call,
+        async def forward(attempt: StreamRequestAttempt, pick: PickRequest) -> tuple[None, str]:
+            return await self.forwarder.forward(attempt, pick, hints, context, call.span)
+
+        return RequestPath(
             parse=lambda request: parse_generate(request, self.limits),
-            place=place,
-            check_served=check_served,
+            pick=lambda gen: self.pick_request(gen.model, gen.version, hints, gen),
+            admit=admit,
+            forward=forward,
         )
 
     # ------------------------------------------------------------------ shared mechanics

@@ -3,8 +3,10 @@
 Clients may send ``x-meridian-session``, ``x-meridian-priority``,
 ``x-meridian-client-geo`` (``lat,lon``) and ``x-meridian-client-region``. Tiers
 talk to each other with internal keys (``x-meridian-origin``, the client
-location the edge resolved, ``x-meridian-attempt``, ``x-meridian-tenant`` and
-``x-meridian-prefix-blocks``). The edge drops any internal key a client sends,
+location the edge resolved, ``x-meridian-attempt``, ``x-meridian-tenant``,
+``x-meridian-prefix-blocks`` and ``x-meridian-single-request``, which marks a
+stream a tier opened for one request of its caller's stream:
+``common.request.streaming``). The edge drops any internal key a client sends,
 so a client cannot steer inner tiers; inner tiers accept internal keys from the
 tier above.
 
@@ -46,9 +48,10 @@ ATTEMPT = "x-meridian-attempt"
 TENANT = "x-meridian-tenant"
 ROUTE = "x-meridian-route"
 LOAD = "x-meridian-load"
+SINGLE_REQUEST = "x-meridian-single-request"
 
 CLIENT_KEYS = frozenset({SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION})
-INTERNAL_KEYS = frozenset({ORIGIN, ATTEMPT, TENANT, PREFIX_BLOCKS})
+INTERNAL_KEYS = frozenset({ORIGIN, ATTEMPT, TENANT, PREFIX_BLOCKS, SINGLE_REQUEST})
 # Passed through to the tier below (and on to the GPU) when present.
 TRACE_KEYS = frozenset({"traceparent", "tracestate"})
 PASS_THROUGH = TRACE_KEYS | CLIENT_KEYS
@@ -72,6 +75,8 @@ class RouteHints:
     prefix_blocks: tuple[int, ...] = ()
     # Data residency of the tenant (set at the edge, never sent between tiers).
     allowed_regions: frozenset[str] = frozenset()
+    # A stream the tier above opened for one request: its failure is the stream's status.
+    single_request: bool = False
 
     def downstream_metadata(
         self, origin: GeoPoint | None, attempt: int, prefix_blocks: tuple[int, ...] = ()
@@ -161,6 +166,7 @@ def parse_hints(metadata: Metadata | None, *, trust_internal: bool) -> RouteHint
         passed_down=tuple(passed),
         tenant=values.get(TENANT, "") if trust_internal else "",
         prefix_blocks=blocks,
+        single_request=trust_internal and values.get(SINGLE_REQUEST) == "1",
     )
 
 

@@ -14,6 +14,12 @@ RESOURCE_EXHAUSTED from gRPC itself:
 
 Every server and channel runs gRPC keepalive (``common.request.keepalive``), so a
 hung peer is found within ``time_s + timeout_s`` (2 s between tiers).
+
+At the edge (the client-facing server) a client connection may carry at most
+``max_streams_per_connection`` calls at once (``grpc.max_concurrent_streams``,
+HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS): a client's further calls wait in the
+client until one ends. Inner tiers leave it unbounded: all traffic from the tier
+above shares one connection, bounded by the tenants' limits already.
 """
 
 from __future__ import annotations
@@ -36,10 +42,14 @@ V2_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
-def server_options(limits: Limits, keepalive: Keepalive | None = None) -> list[tuple[str, int]]:
+def server_options(
+    limits: Limits, keepalive: Keepalive | None = None, *, edge: bool = False
+) -> list[tuple[str, int]]:
     """gRPC server options enforcing ``limits`` and ``keepalive`` (default: between
     tiers); see the module docstring."""
+    per_connection = [("grpc.max_concurrent_streams", limits.max_streams_per_connection)]
     return [
+        *(per_connection if edge else []),
         # grpcio turns SO_REUSEPORT on by default, so a second server on a taken port
         # would start silently and share it; a router must fail loudly instead.
         ("grpc.so_reuseport", 0),
@@ -80,6 +90,7 @@ class V2Server:
     metadata sizes (default: ``Limits()``, 4 MiB and 16 KiB). ``interceptors``
     wrap every handler (``common.request.call.CallInterceptor`` records inference calls).
     ``keepalive``: how it pings its callers (default: as between tiers).
+    ``edge``: the client-facing server, which caps calls per connection.
     """
 
     def __init__(
@@ -91,6 +102,7 @@ class V2Server:
         limits: Limits | None = None,
         interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
         keepalive: Keepalive | None = None,
+        edge: bool = False,
     ) -> None:
         self.endpoint = endpoint
         self.credentials = credentials
@@ -98,7 +110,8 @@ class V2Server:
         self.port = endpoint.port
         self.health = health.aio.HealthServicer()
         self._server = grpc.aio.server(
-            options=server_options(self.limits, keepalive), interceptors=list(interceptors)
+            options=server_options(self.limits, keepalive, edge=edge),
+            interceptors=list(interceptors),
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)

@@ -84,13 +84,16 @@ class Admission:
         return release
 
     # As a CallObserver of the call interceptor (common.request.call): one usage
-    # record per finished inference call, at the edge only (``usage`` is set there).
+    # record per finished request (a unary call, or one request of a stream), at
+    # the edge only (``usage`` is set there).
     def call_started(self, call: CallRecord) -> None:
         return None
 
     def call_ended(self, call: CallRecord) -> None:
-        if self.usage is None or call.hints is None:
-            return  # not the edge, or the call failed before its caller was known
+        if self.usage is None or call.hints is None or call.carries_requests:
+            # Not the edge, the call failed before its caller was known, or a stream
+            # (each of its requests is billed on its own record).
+            return
         route = call.route
         region, zone, gpu = ([*route.split("/"), "", "", ""])[:3] if route else ("", "", "")
         ok = call.code == grpc.StatusCode.OK

@@ -160,6 +160,7 @@ class TierServer:
             limits=self.limits,
             interceptors=[CallInterceptor(observers)],
             keepalive=self.keepalive,
+            edge=not self.spec.trust_internal,
         )
 
     def _children_changed(self) -> None:

@@ -16,7 +16,7 @@ from common.config.topology import GpuConfig, ZoneConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.v2 import FINAL_RESPONSE, generate_request, response_text
-from sim.worker import GpuWorker, ZoneWorkers, run_zone_workers
+from sim.worker import STREAM_QUEUE_RESPONSES, GpuWorker, ZoneWorkers, run_zone_workers
 
 LOAD_RE = re.compile(r"^running=\d+,waiting=\d+,kv=[01]\.\d{3}$")
 SAMPLE_RE = re.compile(r'^[a-zA-Z_:][a-zA-Z0-9_:]*\{model_name="[^"]*"\} -?[0-9.eE+-]+$')
@@ -220,6 +220,29 @@ async def test_stream_serves_concurrent_requests(
         f"r{i}": (20, 1, True) for i in range(3)
     }
     assert worker.engine.stats("mistral").requests_succeeded_total == 3
+
+
+async def test_a_stream_nobody_reads_holds_a_bounded_backlog(worker: GpuWorker) -> None:
+    """The caller reads nothing (and, without BDP probing, grants only a 64 KiB window):
+    once that is full, the stream's queue stays bounded however much is generated."""
+    options = [("grpc.http2.bdp_probe", 0)]
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.port}", options=options) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        call = stub.ModelStreamInfer()
+        for i in range(3):
+            await call.write(generate_request("llama", f"p{i}", 1300, request_id=str(i)))
+        for _ in range(500):  # until the engine has generated every token (~4 s at most)
+            if worker.engine.stats("llama").tokens_generated_total == 3 * 1300:
+                break
+            await asyncio.sleep(0.01)
+        assert worker.engine.stats("llama").tokens_generated_total == 3 * 1300
+        assert 0 < worker.stream_backlog <= STREAM_QUEUE_RESPONSES
+        call.cancel()
+    for _ in range(100):
+        if worker.stream_backlog == 0:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.stream_backlog == 0
 
 
 async def test_metrics_parse_and_show_a_running_request(worker: GpuWorker) -> None:

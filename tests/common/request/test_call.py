@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,12 @@ class Handler(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         call = current_call("ModelStreamInfer", context.invocation_metadata())
         async for request in requests:
+            if request.id == "own-record":  # as the stream relay reports a request
+                one = call.for_request()
+                one.model, one.completion_tokens = request.model_name, 2
+                one.code = grpc.StatusCode.OK
+                call.request_ended(one)
+                continue
             call.model = request.model_name
             call.completion_tokens += 1
             await context.write(pb.ModelStreamInferResponse(infer_response=text_response(
@@ -97,6 +104,11 @@ async def test_an_aborted_call_ends_with_its_status_and_message(
     with pytest.raises(grpc.aio.AioRpcError) as caught:
         await stub.ModelInfer(request, timeout=5)
     assert caught.value.code() == grpc.StatusCode.NOT_FOUND
+    # abort() sends the status before the handler unwinds through the interceptor.
+    for _ in range(100):
+        if len(events) == 4:
+            break
+        await asyncio.sleep(0.01)
     call = events[-1][2]
     assert (call.code, call.detail, call.route) == (grpc.StatusCode.NOT_FOUND, "no such model", "")
 
@@ -128,3 +140,31 @@ async def test_other_methods_are_not_observed(
 def test_without_the_interceptor_the_proxy_gets_a_record_nobody_observes() -> None:
     call = current_call("ModelInfer", None)
     assert (call.method, call.tenant, call.trace_id) == ("ModelInfer", "", "")
+
+
+async def test_a_streams_requests_reach_the_observers_on_records_of_their_own(
+    served: tuple[pb_grpc.GRPCInferenceServiceStub, list[Any]],
+) -> None:
+    stub, events = served
+    call = stub.ModelStreamInfer(timeout=5)
+    for _ in range(2):
+        await call.write(generate_request("m", "hi", request_id="own-record", stream=True))
+    await call.done_writing()
+    assert [r async for r in call] == []
+    # Each request: ended only (no start: no server span of its own), in reverse order.
+    kinds = [(kind, name, rec.carries_requests) for kind, name, rec in events]
+    assert kinds == [
+        ("started", "first", True),
+        ("started", "second", True),
+        ("ended", "second", False),
+        ("ended", "first", False),
+        ("ended", "second", False),
+        ("ended", "first", False),
+        ("ended", "second", True),
+        ("ended", "first", True),
+    ]
+    stream = events[-1][2]
+    requests = {id(rec): rec for _, _, rec in events if not rec.carries_requests}
+    assert len(requests) == 2
+    assert all(rec.stream is stream and rec.completion_tokens == 2 for rec in requests.values())
+    assert (stream.requests, stream.completion_tokens, stream.code) == (2, 4, grpc.StatusCode.OK)

@@ -141,6 +141,54 @@ def test_limits_metadata_below_grpc_own_headers() -> None:
     assert message.startswith("limits.max_metadata_bytes: must be between 8192")
 
 
+def test_stream_limits_default_when_absent() -> None:
+    limits = topology_from_mapping(demo_raw()).limits
+    assert (
+        limits.max_stream_requests_in_flight,
+        limits.stream_write_timeout_s,
+        limits.stream_idle_timeout_s,
+        limits.max_streams_per_connection,
+        limits.max_open_streams_per_tenant,
+    ) == (8, 10.0, 300.0, 100, 128)
+
+
+def test_stream_limits_read_from_topology() -> None:
+    raw = demo_raw()
+    raw["limits"] = {
+        "max_stream_requests_in_flight": 2,
+        "stream_write_timeout_s": 1.5,
+        "stream_idle_timeout_s": 30,
+        "max_streams_per_connection": 10,
+        "max_open_streams_per_tenant": 3,
+    }
+    limits = topology_from_mapping(raw).limits
+    assert (
+        limits.max_stream_requests_in_flight,
+        limits.stream_write_timeout_s,
+        limits.stream_idle_timeout_s,
+        limits.max_streams_per_connection,
+        limits.max_open_streams_per_tenant,
+    ) == (2, 1.5, 30.0, 10, 3)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("max_stream_requests_in_flight", 0, "must be between 1 and"),
+        ("max_streams_per_connection", -1, "must be between 1 and"),
+        ("max_open_streams_per_tenant", 2.5, "expected int"),
+        ("stream_write_timeout_s", 0, "must be > 0 and at most 86400 s"),
+        ("stream_idle_timeout_s", float("nan"), "must be > 0 and at most 86400 s"),
+        ("stream_idle_timeout_s", 1e9, "must be > 0 and at most 86400 s"),
+        ("stream_write_timeout_s", "10s", "expected float"),
+        ("stream_write_timeout_s", True, "expected float"),
+    ],
+)
+def test_stream_limits_bad_values_name_their_key(key: str, value: Any, expected: str) -> None:
+    message = config_error({key: value})
+    assert message.startswith(f"limits.{key}: {expected}"), message
+
+
 def test_limits_prompt_limit_must_fit_in_a_message() -> None:
     message = config_error({"max_message_bytes": 100_000, "max_prompt_bytes": 100_000})
     assert message.startswith("limits.max_prompt_bytes: 100000 can never be reached")

@@ -19,7 +19,7 @@ from common.request.children import Child, ChildSet
 from common.request.forwarding import ForwardingPolicy
 from common.request.proxy import TierSpec
 from common.request.server import V2Server
-from common.request.v2 import generate_request
+from common.request.v2 import generate_request, response_text
 from common.tenancy.admission import edge_admission
 from common.tenancy.auth import hash_key
 from common.tier.server import TierServer
@@ -117,3 +117,34 @@ async def test_an_unknown_key_is_unauthenticated_counted_without_a_tenant_and_no
     trace_id = format(server_span.get_span_context().trace_id, "032x")
     await edge.stop()
     assert records_with(redis_server, trace_id) == []
+
+
+async def test_the_edge_counts_and_bills_each_request_of_a_stream(
+    edge: Edge, redis_server: EmbeddedRedis
+) -> None:
+    """Two requests on one stream: two requests counted, one stream counted, two usage
+    records (each with its own tokens) under the stream's one trace."""
+    requests = [
+        generate_request(MODEL, "one two", 5, request_id="a", stream=True),
+        generate_request(MODEL, "one two three", 9, request_id="b", stream=True),
+    ]
+    call = edge.stub.ModelStreamInfer(
+        iter(requests), metadata=[("authorization", "Bearer mk_acme")], timeout=5
+    )
+    texts = [response_text(r.infer_response) async for r in call]
+    assert texts == ["us-east", "us-east"]
+    assert requests_counted(edge.tier) == {("global", MODEL, "OK", "acme"): 2.0}
+    streams = {labels: c.value for labels, c in edge.tier.metrics.streams.items()}
+    assert streams == {("global", "OK", "acme"): 1.0}
+    assert edge.telemetry.recent is not None
+    [server_span] = [s for s in edge.telemetry.recent.spans() if s.name == "ModelStreamInfer"]
+    trace_id = format(server_span.get_span_context().trace_id, "032x")
+    await edge.stop()
+    records = records_with(redis_server, trace_id)
+    # The child answers one token per request, whatever max_tokens asked for.
+    assert sorted((r.prompt_tokens, r.completion_tokens, r.status) for r in records) == [
+        (2, 1, "OK"),
+        (3, 1, "OK"),
+    ]
+    assert {r.tenant for r in records} == {"acme"}
+    assert len({r.request_id for r in records}) == 2

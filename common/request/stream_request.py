@@ -1,0 +1,182 @@
+"""One request inside a caller's ModelStreamInfer, served on its own.
+
+Every request of a stream counts as if it had come alone: it is parsed, placed
+(``PickRequest``), admitted through the tier's gate (rate, tokens, concurrency)
+and forwarded through the tier's forwarding loop as an ``Attempt`` of its own —
+its own child ``ModelStreamInfer`` call carrying just this request (then
+half-closed), its own lease (at the local tier its own GPU slot, released when
+that child stream ends), and its own failover while none of *its* responses went
+back. Its responses are handed to the stream's writer as they arrive
+(``common.request.streaming`` multiplexes them; ids are the caller's own).
+
+The child stream is marked ``x-meridian-single-request``, and a tier serving a
+stream so marked ends it with the request's status instead of an
+``error_message``: so a failure below reaches this tier as a status it can fail
+over on (with its ``retry-after-ms``), exactly as for ModelInfer.
+
+What the request cost goes into its own ``CallRecord`` (``CallRecord.for_request``):
+its prompt tokens, and as completion tokens the token responses it got when
+streamed, or its ``max_tokens`` when it asked for ``stream: false`` (as ModelInfer
+is billed today; real token counts are a later change, see the README).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+
+from common.basics.errors import RouteError
+from common.gen.inference import grpc_service_pb2 as pb
+from common.request.call import STREAM_METHOD, CallRecord
+from common.request.children import Child
+from common.request.forwarding import Metadata
+from common.request.pick import PickRequest
+from common.request.routing import SINGLE_REQUEST
+from common.request.v2 import GenerateRequest, wants_stream
+
+# Gives back what admitting a request took (a tenant's concurrency slot).
+Release = Callable[[], None]
+Write = Callable[[pb.ModelStreamInferResponse], Awaitable[None]]
+
+
+def no_release() -> None:
+    """The release of an admission that took nothing."""
+    return None
+
+
+@dataclass
+class StreamRequestAttempt:
+    """One request sent to one child on a stream of its own (``forwarding.Attempt``)."""
+
+    request: pb.ModelInferRequest
+    write: Write
+    method: str = STREAM_METHOD
+    committed: bool = False
+    # Responses carrying output (a bare final marker, as Triton may send, carries none).
+    tokens: int = 0
+    # The child's ``error_message`` for this request, if it sent one.
+    error: str = ""
+
+    async def send(
+        self, child: Child, metadata: Metadata, timeout: float | None
+    ) -> tuple[None, Any]:
+        assert child.stub is not None
+        call = child.stub.ModelStreamInfer(
+            iter((self.request,)),
+            metadata=[*metadata, (SINGLE_REQUEST, "1")],
+            timeout=timeout,
+        )
+        try:
+            async for response in call:
+                self.committed = True  # a response goes back: no failover from here on
+                if response.error_message:
+                    self.error = response.error_message
+                elif len(response.infer_response.outputs):
+                    self.tokens += 1
+                await self.write(response)
+            return None, await call.trailing_metadata()
+        finally:
+            # Abandoned (the stream ended, a write timed out): the child, and the GPU
+            # below it, stop too. A no-op once the call is done.
+            call.cancel()
+
+
+@dataclass(frozen=True)
+class RequestPath:
+    """What the tier does for each request of a stream (``InferenceProxy`` provides it)."""
+
+    parse: Callable[[pb.ModelInferRequest], GenerateRequest]
+    pick: Callable[[GenerateRequest], PickRequest]
+    admit: Callable[[PickRequest], Awaitable[Release]]
+    forward: Callable[[StreamRequestAttempt, PickRequest], Awaitable[tuple[None, str]]]
+
+
+def status_of(message: str) -> tuple[grpc.StatusCode, str]:
+    """The status a child's ``error_message`` names (``"UNAVAILABLE: …"``), else UNKNOWN."""
+    name, sep, rest = message.partition(": ")
+    code = grpc.StatusCode.__members__.get(name) if sep else None
+    return (code, rest) if code is not None else (grpc.StatusCode.UNKNOWN, message)
+
+
+def error_response(request: pb.ModelInferRequest, err: RouteError) -> pb.ModelStreamInferResponse:
+    """``err`` as a stream response; the V2 error response has no id field, so the
+    message names the request, for a multiplexed stream's caller to tell which failed."""
+    message = str(err)
+    if request.id:
+        message = f"{message} (request id {request.id[:64]!r})"
+    return pb.ModelStreamInferResponse(error_message=message)
+
+
+class StreamRequest:
+    """One request of a stream: ``serve`` it, then ``settle`` its record."""
+
+    def __init__(
+        self, request: pb.ModelInferRequest, stream: CallRecord, path: RequestPath, write: Write
+    ) -> None:
+        self.request = request
+        self.stream = stream
+        self.record = stream.for_request()
+        self.path = path
+        self.attempt = StreamRequestAttempt(request, write)
+        self.pick: PickRequest | None = None
+
+    async def serve(self) -> None:
+        """Parse, place, admit, forward; raises RouteError when the request fails."""
+        record = self.record
+        record.model = self.request.model_name
+        gen = self.path.parse(self.request)
+        self.pick = pick = self.path.pick(gen)
+        record.prompt_tokens = pick.prompt_tokens
+        release = await self.path.admit(pick)
+        try:
+            _, record.route = await self.path.forward(self.attempt, pick)
+        finally:
+            release()
+        if self.attempt.error:
+            record.code, record.detail = status_of(self.attempt.error)
+        else:
+            record.code, record.detail = grpc.StatusCode.OK, ""
+
+    def settle(self, code: grpc.StatusCode, detail: str) -> None:
+        self.record.code, self.record.detail = code, detail
+
+    def completion_tokens(self) -> int:
+        """Token responses it got when streamed; ``max_tokens`` once answered with
+        ``stream: false`` (one response carries the whole text)."""
+        if wants_stream(self.request):
+            return self.attempt.tokens
+        served = self.record.code == grpc.StatusCode.OK and self.attempt.tokens > 0
+        return self.pick.max_tokens if served and self.pick is not None else 0
+
+    def report(self) -> None:
+        """Hand the finished request's record to the stream's observers."""
+        self.record.completion_tokens = self.completion_tokens()
+        self.stream.request_ended(self.record)
+
+
+async def serve_request(
+    one: StreamRequest,
+    refused: Callable[[pb.ModelInferRequest, RouteError], Awaitable[None]],
+    ending_code: Callable[[], grpc.StatusCode],
+) -> None:
+    """Serve one request of a stream and report its record, however it ends: a
+    failure goes to ``refused``; cancelled (the stream is ending) it ends with
+    ``ending_code()``."""
+    try:
+        await one.serve()
+    except RouteError as err:
+        one.settle(err.code, err.message)
+        await refused(one.request, err)
+    except asyncio.CancelledError:
+        one.settle(ending_code(), "the stream ended before the request did")
+        raise
+    except Exception as exc:  # a bug must still answer the request, not drop it
+        bug = RouteError(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")
+        one.settle(bug.code, bug.message)
+        await refused(one.request, bug)
+    finally:
+        one.report()

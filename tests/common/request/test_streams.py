@@ -1,0 +1,249 @@
+"""What one stream may hold, through real gRPC on loopback: requests in flight
+(backpressure, nothing lost), an idle timeout, and at the edge calls per connection
+and open streams per tenant.
+
+A proxy (regional, or the edge) over one child V2 server that answers each streamed
+request after ``hold_s`` (or once its gate opens) and counts the requests it holds at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+import pytest
+
+from common.basics.errors import RETRY_AFTER_MS
+from common.config.access import Limits
+from common.config.node import Endpoint
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.request.balancer import RankingBalancer
+from common.request.children import Child, ChildSet
+from common.request.forwarding import Forwarder, ForwardingPolicy
+from common.request.proxy import InferenceProxy, TierSpec
+from common.request.server import V2Server
+from common.request.v2 import generate_request, response_text, text_response
+from tests.common.request.test_forwarding_loop import MODEL, InOrder
+
+
+@dataclass
+class HoldingChild(pb_grpc.GRPCInferenceServiceServicer):
+    """Answers each streamed request once ``gate`` is open and ``hold_s`` has passed."""
+
+    hold_s: float = 0.0
+    gate: asyncio.Event = field(default_factory=asyncio.Event)
+    holding: int = 0
+    most_held: int = 0
+    seen: list[str] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.gate.set()
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
+        async for request in requests:
+            self.seen.append(request.id)
+            self.holding += 1
+            self.most_held = max(self.most_held, self.holding)
+            try:
+                await self.gate.wait()
+                await asyncio.sleep(self.hold_s)
+            finally:
+                self.holding -= 1
+            response = text_response(request, f"answer {request.id}", final=True)
+            await context.write(pb.ModelStreamInferResponse(infer_response=response))
+
+
+@dataclass
+class Front:
+    stub: pb_grpc.GRPCInferenceServiceStub
+    child: HoldingChild
+    proxy: InferenceProxy
+    children: ChildSet
+
+
+Make = Callable[..., Awaitable[Front]]
+
+
+@pytest.fixture
+async def front() -> AsyncIterator[Make]:
+    """``await front(limits, edge=False)``: a proxy over one HoldingChild; torn down after."""
+    stops: list[Callable[[], Awaitable[None]]] = []
+
+    async def make(limits: Limits, *, edge: bool = False) -> Front:
+        child = HoldingChild()
+        child_server = V2Server(child, Endpoint("127.0.0.1", 0))
+        await child_server.start()
+        stops.append(lambda: child_server.stop(0))
+        children = ChildSet(
+            [Child("c", Endpoint("127.0.0.1", child_server.port), frozenset({MODEL}))],
+            probe_interval_s=1,
+            summary_ttl_s=1,
+            probe=False,
+        )
+        balancer = RankingBalancer(InOrder(), children)
+        spec = TierSpec(tier="t", trust_internal=not edge, resolve_origin=lambda hints: None)
+        forwarder = Forwarder(ForwardingPolicy(kind="zone"), balancer)
+        proxy = InferenceProxy(spec, children, balancer, forwarder, limits=limits)
+        server = V2Server(proxy, Endpoint("127.0.0.1", 0), limits=limits, edge=edge)
+        await children.start()
+        await server.start()
+        channel = grpc.aio.insecure_channel(server.address)
+
+        async def stop() -> None:
+            await channel.close()
+            await server.stop(0)
+            await children.stop()
+            assert [c.outstanding_requests for c in children] == [0]  # every lease back
+
+        stops.append(stop)
+        return Front(pb_grpc.GRPCInferenceServiceStub(channel), child, proxy, children)
+
+    try:
+        yield make
+    finally:
+        for stop in reversed(stops):
+            await stop()
+
+
+def answers(responses: list[pb.ModelStreamInferResponse]) -> list[str]:
+    return [r.error_message or response_text(r.infer_response) for r in responses]
+
+
+async def test_requests_in_flight_are_capped_by_backpressure_and_none_is_lost(
+    front: Make,
+) -> None:
+    f = await front(Limits(max_stream_requests_in_flight=2))
+    f.child.hold_s = 0.1
+    call = f.stub.ModelStreamInfer(timeout=10)
+    for i in range(6):
+        await call.write(generate_request(MODEL, "hi", request_id=str(i), stream=True))
+    await call.done_writing()
+    responses = [r async for r in call]
+    assert await call.code() == grpc.StatusCode.OK
+    # Two at a time reached the child: the others waited unread, none was refused.
+    assert f.child.most_held == 2
+    assert sorted(answers(responses)) == [f"answer {i}" for i in range(6)]
+    assert sorted(r.infer_response.id for r in responses) == [str(i) for i in range(6)]
+
+
+async def test_without_a_cap_below_them_the_requests_of_a_stream_run_at_once(
+    front: Make,
+) -> None:
+    f = await front(Limits())  # default cap: 8
+    f.child.gate.clear()
+    call = f.stub.ModelStreamInfer(timeout=10)
+    for i in range(5):
+        await call.write(generate_request(MODEL, "hi", request_id=str(i), stream=True))
+    await call.done_writing()
+    for _ in range(200):
+        if f.child.holding == 5:
+            break
+        await asyncio.sleep(0.01)
+    assert f.child.holding == 5
+    f.child.gate.set()
+    assert len([r async for r in call]) == 5
+
+
+async def test_a_stream_with_nothing_in_flight_ends_after_the_idle_timeout(front: Make) -> None:
+    f = await front(Limits(stream_idle_timeout_s=0.3))
+    call = f.stub.ModelStreamInfer(timeout=10)
+    await call.write(generate_request(MODEL, "hi", request_id="1", stream=True))
+    assert response_text((await call.read()).infer_response) == "answer 1"
+    started = time.monotonic()
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await call.read()
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert "limits.stream_idle_timeout_s" in (caught.value.details() or "")
+    assert time.monotonic() - started < 2.0
+
+
+async def test_a_request_in_flight_keeps_a_stream_from_being_idle(front: Make) -> None:
+    f = await front(Limits(stream_idle_timeout_s=0.2))
+    f.child.hold_s = 0.6  # three idle timeouts long
+    call = f.stub.ModelStreamInfer(timeout=10)
+    await call.write(generate_request(MODEL, "hi", request_id="1", stream=True))
+    assert response_text((await call.read()).infer_response) == "answer 1"
+    await call.done_writing()
+    assert await call.code() == grpc.StatusCode.OK
+
+
+async def test_the_edge_caps_open_streams_per_tenant(front: Make) -> None:
+    f = await front(Limits(max_open_streams_per_tenant=2), edge=True)
+    f.child.gate.clear()
+    held = [f.stub.ModelStreamInfer(timeout=10) for _ in range(2)]
+    for i, call in enumerate(held):
+        await call.write(generate_request(MODEL, "hi", request_id=str(i), stream=True))
+    for _ in range(200):
+        if f.child.holding == 2:
+            break
+        await asyncio.sleep(0.01)
+    refused = f.stub.ModelStreamInfer(timeout=10)
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await refused.read()
+    assert caught.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    assert "limits.max_open_streams_per_tenant" in (caught.value.details() or "")
+    assert dict(caught.value.trailing_metadata() or ())[RETRY_AFTER_MS] == "1000"
+    # The streams already open are served to the end.
+    f.child.gate.set()
+    for i, call in enumerate(held):
+        await call.done_writing()
+        assert answers([r async for r in call]) == [f"answer {i}"]
+        assert await call.code() == grpc.StatusCode.OK
+    # Their count went back as they ended: a new stream is admitted.
+    assert f.proxy.open_streams is not None and f.proxy.open_streams.count("anonymous") == 0
+    again = f.stub.ModelStreamInfer(timeout=10)
+    await again.write(generate_request(MODEL, "hi", request_id="again", stream=True))
+    await again.done_writing()
+    assert answers([r async for r in again]) == ["answer again"]
+
+
+async def test_a_refused_or_failed_stream_gives_its_count_back(front: Make) -> None:
+    f = await front(Limits(max_open_streams_per_tenant=1, stream_idle_timeout_s=0.2), edge=True)
+    for _ in range(3):  # each ends by its idle timeout; the next one is admitted
+        call = f.stub.ModelStreamInfer(timeout=10)
+        with pytest.raises(grpc.aio.AioRpcError) as caught:
+            await call.read()
+        assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert f.proxy.open_streams is not None and f.proxy.open_streams.count("anonymous") == 0
+
+
+async def test_the_edge_caps_calls_per_connection(front: Make) -> None:
+    f = await front(Limits(max_streams_per_connection=2), edge=True)
+    f.child.gate.clear()
+    calls = [
+        f.stub.ModelStreamInfer(
+            iter([generate_request(MODEL, "hi", request_id=str(i), stream=True)]), timeout=10
+        )
+        for i in range(3)
+    ]
+    await asyncio.sleep(0.3)
+    assert f.child.holding == 2  # the third call waits in the client for a free stream
+    f.child.gate.set()
+    for call in calls:
+        assert len([r async for r in call]) == 1
+        assert await call.code() == grpc.StatusCode.OK
+    assert sorted(f.child.seen) == ["0", "1", "2"]
+
+
+async def test_inner_tiers_do_not_cap_calls_per_connection(front: Make) -> None:
+    f = await front(Limits(max_streams_per_connection=2))
+    f.child.gate.clear()
+    calls = [
+        f.stub.ModelStreamInfer(
+            iter([generate_request(MODEL, "hi", request_id=str(i), stream=True)]), timeout=10
+        )
+        for i in range(3)
+    ]
+    for _ in range(200):
+        if f.child.holding == 3:
+            break
+        await asyncio.sleep(0.01)
+    assert f.child.holding == 3
+    f.child.gate.set()
+    for call in calls:
+        assert len([r async for r in call]) == 1
