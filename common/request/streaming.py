@@ -180,8 +180,9 @@ class StreamRelay:
                     "in flight were cancelled",
                 )
             )
-        except (grpc.RpcError, asyncio.InvalidStateError, RuntimeError) as exc:
-            # The call is already over (the caller went away mid-write).
+        except (grpc.RpcError, grpc.aio.BaseError, asyncio.InvalidStateError, RuntimeError) as exc:
+            # The call is already over (the caller went away mid-write; grpc.aio may say
+            # so with an InternalError): the caller's doing, never the child's.
             failed = f"writing to the caller failed: {exc}"
             self._fail(RouteError(grpc.StatusCode.CANCELLED, failed))
 

@@ -74,9 +74,14 @@ async def front() -> AsyncIterator[Make]:
     """``await front(limits, edge=False)``: a proxy over one HoldingChild; torn down after."""
     stops: list[Callable[[], Awaitable[None]]] = []
 
-    async def make(limits: Limits, *, edge: bool = False) -> Front:
+    async def make(
+        limits: Limits,
+        *,
+        edge: bool = False,
+        servicer: pb_grpc.GRPCInferenceServiceServicer | None = None,
+    ) -> Front:
         child = HoldingChild()
-        child_server = V2Server(child, Endpoint("127.0.0.1", 0))
+        child_server = V2Server(servicer or child, Endpoint("127.0.0.1", 0))
         await child_server.start()
         stops.append(lambda: child_server.stop(0))
         children = ChildSet(
@@ -247,3 +252,37 @@ async def test_inner_tiers_do_not_cap_calls_per_connection(front: Make) -> None:
     f.child.gate.set()
     for call in calls:
         assert len([r async for r in call]) == 1
+
+
+@dataclass
+class ChattyChild(pb_grpc.GRPCInferenceServiceServicer):
+    """Streams ``tokens`` responses per request as fast as it may."""
+
+    tokens: int = 400
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
+        async for request in requests:
+            for i in range(self.tokens):
+                response = text_response(request, "x" * 64, final=i == self.tokens - 1)
+                await context.write(pb.ModelStreamInferResponse(infer_response=response))
+
+
+async def test_callers_that_hang_up_mid_stream_do_not_mark_the_child_down(front: Make) -> None:
+    # Writing to a caller that went away can fail inside grpc.aio (an InternalError, not
+    # an RpcError); that is the caller's doing and must not count against the child.
+    rig = await front(Limits(), servicer=ChattyChild())
+    for _ in range(3):
+        calls = []
+        for n in range(30):
+            call = rig.stub.ModelStreamInfer(timeout=10)
+            await call.write(generate_request(MODEL, "hi", request_id=str(n), stream=True))
+            calls.append(call)
+        for call in calls:
+            await call.read()
+            call.cancel()
+        await asyncio.sleep(0.3)
+        assert all(c.healthy for c in rig.children), "a caller's hang-up marked the child down"
+    call = rig.stub.ModelStreamInfer(timeout=10)
+    await call.write(generate_request(MODEL, "hi", request_id="after", stream=True))
+    await call.done_writing()
+    assert len([r async for r in call]) == ChattyChild.tokens
