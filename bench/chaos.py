@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--limited-callers", type=int, default=2)
     p.add_argument("--timeout-s", type=float, default=4.0, help="every good call's deadline")
     p.add_argument("--unread-streams", type=int, default=500)
+    p.add_argument(
+        "--bulk-max-concurrent",
+        type=int,
+        default=2048,
+        help="max_concurrent of tenant bulk, who opens the unread streams (default 2048)",
+    )
     p.add_argument("--max-shots", type=int, default=2_000_000, help="bound on calls made")
     p.add_argument("--budget-s", type=float, default=None, help="hard limit (default 300/900)")
     p.add_argument("--seed", type=int, default=16)
@@ -219,7 +225,9 @@ def _result(
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="meridian-chaos-"))
     print(f"run directory {run_dir}", flush=True)
-    fleet = FleetUnderTest(run_dir, bench_fleet_spec(args.fleet))
+    fleet = FleetUnderTest(
+        run_dir, bench_fleet_spec(args.fleet, bulk_max_concurrent=args.bulk_max_concurrent)
+    )
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)

@@ -39,9 +39,14 @@ ROOT = Path(__file__).resolve().parent.parent
 BULK_TENANT = "bulk"
 
 
-def bench_fleet_spec(fleet_file: Path = DEMO_FLEET) -> dict[str, Any]:
+def bench_fleet_spec(
+    fleet_file: Path = DEMO_FLEET, *, bulk_max_concurrent: int = 2048
+) -> dict[str, Any]:
     """The demo fleet with the global tier on free ports (another `make up` may hold 8001)
-    and a tenant ``bulk`` whose limits let it open hundreds of streams."""
+    and a tenant ``bulk`` whose rate limits let it open hundreds of streams; its
+    ``max_concurrent`` is the caller's to choose (the unread-streams case is run with a
+    tenant entitled to thousands of requests at once, and with one entitled to as many
+    as the good traffic runs)."""
     spec: dict[str, Any] = yaml.safe_load(fleet_file.read_text())
     spec["global"]["listen"] = "127.0.0.1:0"
     spec["global"]["ops_listen"] = "127.0.0.1:0"
@@ -53,7 +58,7 @@ def bench_fleet_spec(fleet_file: Path = DEMO_FLEET) -> dict[str, Any]:
             "priority_ceiling": "standard",
             "requests_per_s": 5000,
             "tokens_per_min": 100_000_000,
-            "max_concurrent": 2048,
+            "max_concurrent": bulk_max_concurrent,
             "weight": 1.0,
         }
     )
