@@ -74,14 +74,20 @@ def _run_tier(args: argparse.Namespace) -> None:
 
 
 def _run_worker(args: argparse.Namespace) -> None:
+    from common.config.tls import gpu_server_credentials
     from sim.worker import run_zone_workers
 
     topology = _topology(args)
     zone = topology.zone(_need(args, "region"), _need(args, "zone"))
     time_scale = args.time_scale if args.time_scale is not None else topology.time_scale
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    credentials = gpu_server_credentials(
+        topology, args.region, zone, cert_file=args.tls_cert, key_file=args.tls_key
+    )
 
     async def run(stop: asyncio.Event) -> None:
-        await run_zone_workers(zone, args.region, time_scale, stop)
+        await run_zone_workers(zone, args.region, time_scale, stop, credentials)
 
     asyncio.run(_until_signalled(run))
 
@@ -185,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--time-scale", type=float, default=None, help="(worker) emulated time factor"
         )
+        p.add_argument("--tls-cert", help="(worker) certificate of the GPUs whose entry says tls")
+        p.add_argument("--tls-key", help="(worker) its private key")
     up = sub.add_parser("up", help="start the demo fleet on this machine")
     from cli.launcher import DEMO_FLEET
 

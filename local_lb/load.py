@@ -17,7 +17,7 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import grpc
@@ -50,14 +50,20 @@ class MonitoredGpu:
     address: str  # host:port of its V2 gRPC server
     models: frozenset[str]
     metrics_url: str | None = None
+    # TLS towards a GPU whose entry says ``tls`` (None: plaintext); taken when its
+    # channel opens, so not part of what a reload compares.
+    credentials: grpc.ChannelCredentials | None = field(default=None, compare=False)
 
     @classmethod
-    def from_config(cls, gpu: GpuConfig) -> MonitoredGpu:
+    def from_config(
+        cls, gpu: GpuConfig, credentials: grpc.ChannelCredentials | None = None
+    ) -> MonitoredGpu:
         return cls(
             name=gpu.name,
             address=gpu.endpoint.address,
             models=frozenset(gpu.models),
             metrics_url=f"http://{gpu.metrics_endpoint.address}/metrics",
+            credentials=credentials,
         )
 
 
@@ -147,7 +153,11 @@ class BackendMonitor:
 
     def _open(self, gpu: MonitoredGpu) -> None:
         assert self._session is not None
-        channel = grpc.aio.insecure_channel(gpu.address, options=self._channel_options)
+        options = self._channel_options
+        if gpu.credentials is None:
+            channel = grpc.aio.insecure_channel(gpu.address, options=options)
+        else:
+            channel = grpc.aio.secure_channel(gpu.address, gpu.credentials, options=options)
         self._channels[gpu.name] = channel
         backend = _Backend(gpu, HealthChecker(channel))
         self._backends[gpu.name] = backend

@@ -18,12 +18,15 @@ import yaml
 from common.basics.geo import GeoPoint
 from common.config.access import (
     AuthConfig,
+    GpuTls,
     Limits,
     TlsConfig,
     parse_auth,
+    parse_gpu_tls,
     parse_limits,
     parse_tls,
 )
+from common.config.identity import check_fleet_names
 from common.config.liveness import Liveness, parse_liveness
 from common.config.node import (
     ConfigError,
@@ -63,6 +66,8 @@ class GpuConfig:
     kv_cache_tokens: int = 65_536
     # Versions served per model; a model listed without "@version" serves version "1".
     versions: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # The local tier dials it with TLS (None: plaintext, the default).
+    tls: GpuTls | None = None
 
     def serves(self, model: str, version: str = "") -> bool:
         """True when this GPU serves ``model`` (at ``version``, when one is asked for)."""
@@ -233,6 +238,7 @@ def _gpu(node: ConfigNode) -> GpuConfig:
         max_concurrency=max_concurrency,
         kv_cache_tokens=kv_tokens,
         versions={m: frozenset(v) for m, v in versions.items()},
+        tls=parse_gpu_tls(node),
     )
     node.done()
     return gpu
@@ -301,7 +307,23 @@ def topology_from_mapping(raw: Any) -> Topology:
         usage_replicas_ack=_usage_replicas_ack(root),
     )
     root.done()
+    _check_tls_names(topology)
     return topology
+
+
+def _check_tls_names(topology: Topology) -> None:
+    """With TLS, region and zone names are parts of identity URIs; a GPU verified
+    against the fleet's CA needs the fleet to have one."""
+    if topology.tls is not None:
+        check_fleet_names([(r.name, [z.name for z in r.zones]) for r in topology.regions])
+    for i, region in enumerate(topology.regions):
+        for j, zone in enumerate(region.zones):
+            for k, gpu in enumerate(zone.gpus):
+                if gpu.tls is not None and gpu.tls.ca is None and topology.tls is None:
+                    raise ConfigError(
+                        f"regions[{i}].zones[{j}].gpus[{k}].tls: true needs the fleet's CA, "
+                        "but the topology has no tls section; add one or give tls: {ca: PATH}"
+                    )
 
 
 def _global(glob: ConfigNode) -> GlobalConfig:

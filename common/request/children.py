@@ -69,6 +69,8 @@ class Child:
     stub: pb_grpc.GRPCInferenceServiceStub | None = field(default=None, repr=False)
     # The channel under ``stub`` (the Admin API calls the child's tier over it too).
     channel: grpc.aio.Channel | None = field(default=None, repr=False)
+    # How to dial this child when it differs from its set's (a GPU that serves TLS).
+    credentials: grpc.ChannelCredentials | None = field(default=None, repr=False)
 
     def fresh_summary(self, now: float, ttl_s: float) -> capacity_pb2.CapacitySummary | None:
         """The summary if younger than ``ttl_s``; a stale one reads as unknown (None)."""
@@ -176,10 +178,11 @@ class ChildSet:
 
     def _open(self, child: Child) -> grpc.aio.Channel:
         address = child.endpoint.address
-        if self.credentials is None:
+        credentials = child.credentials or self.credentials
+        if credentials is None:
             channel = grpc.aio.insecure_channel(address, options=self._options)
         else:
-            channel = grpc.aio.secure_channel(address, self.credentials, options=self._options)
+            channel = grpc.aio.secure_channel(address, credentials, options=self._options)
         self._channels.append(channel)
         child.channel = channel
         child.stub = pb_grpc.GRPCInferenceServiceStub(channel)
