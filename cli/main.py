@@ -131,7 +131,7 @@ def _run_up(args: argparse.Namespace) -> None:
                 print(f"  zone     {zone.name:<14} local tier {zone.endpoint}  gpus {gpus}")
         print(f"policy     {args.policy} (every local tier)")
         if topo.tls is not None:
-            print(f"mtls       between tiers; certificates in {Path(topo.tls.ca).parent}")
+            print(f"mtls       between tiers, one identity each; certificates {topo.tls.certs}")
         for tenant_id, key in fleet.tenant_keys.items():
             print(f"tenant {tenant_id} key {key}")
         if fleet.admin_key is not None:

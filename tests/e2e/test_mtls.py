@@ -154,3 +154,21 @@ def test_fleet_without_tls_is_plaintext_everywhere(tmp_path: Path) -> None:
     assert fleet.topology.tls is None
     assert not (tmp_path / "run" / "pki").exists()
     assert all(fleet.credentials_for(name) is None for name in fleet.processes)
+
+
+def test_a_gpu_that_says_tls_is_dialled_over_tls(tmp_path: Path) -> None:
+    """``meridian up`` issues the zone's GPU certificate, the worker serves TLS with it,
+    the local tier dials it with TLS; a plaintext call to the GPU fails."""
+    spec = small_fleet_spec(1, 1, 1)
+    spec["regions"][0]["zones"][0]["gpus"][0]["tls"] = True
+    fleet = start_fleet(tmp_path, spec)
+    try:
+        with V2Client(fleet.global_address) as client:
+            reply = client.infer("over tls to the gpu", 3)
+        assert reply.route.startswith("us-east/us-east-1a/") and reply.text
+        gpu = fleet.topology.regions[0].zones[0].gpus[0]
+        with grpc.insecure_channel(gpu.endpoint.address) as channel:
+            error = _refused(channel)
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        fleet.stop()

@@ -19,8 +19,9 @@ import grpc
 import pytest
 
 from common.basics.redis_embed import EmbeddedRedis, free_port
-from common.config.identity import GLOBAL, Identity, local, regional
-from common.config.pki import FleetCA
+from common.config.identity import GLOBAL, Identity, gpu_servers, local, regional
+from common.config.node import ConfigError
+from common.config.pki import FleetCA, generate_pki
 from common.config.tls import TierTls, fleet_identities, gpu_server_credentials
 from common.config.topology import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2 as pb
@@ -180,3 +181,36 @@ async def test_a_gpu_with_tls_serves_tls_only(region: Region) -> None:
             pb.ServerReadyRequest(), timeout=5
         )
     assert reply.ready
+
+
+async def test_a_gpu_with_its_own_ca_is_verified_against_it(
+    tmp_path: Path, redis_server: EmbeddedRedis
+) -> None:
+    """``tls: {ca: PATH}``: the GPU's certificate comes from elsewhere (here another CA,
+    handed to the worker as ``--tls-cert``/``--tls-key`` would), and the local tier
+    verifies it against that CA, not the fleet's."""
+    own = generate_pki(tmp_path / "gpu-pki", [gpu_servers(REGION, ZONE)])
+    raw = one_zone_mapping(redis_server.url, gpus=1, model=MODEL, region=REGION, zone=ZONE)
+    raw["regions"][0]["zones"][0]["gpus"][0]["tls"] = {"ca": own.ca}
+    ca = FleetCA.create(tmp_path / "pki")
+    raw["tls"] = {"ca": ca.tls.ca, "certs": ca.tls.certs}
+    topology = topology_from_mapping(raw)
+    ca.issue(fleet_identities(topology))
+    zone = topology.zone(REGION, ZONE)
+    with pytest.raises(ConfigError, match=r"^--tls-cert: GPU g0 serves TLS with a CA"):
+        gpu_server_credentials(topology, REGION, zone)  # the fleet holds no such certificate
+    files = own.cert_file(gpu_servers(REGION, ZONE)), own.key_file(gpu_servers(REGION, ZONE))
+    tls = gpu_server_credentials(
+        topology, REGION, zone, cert_file=str(files[0]), key_file=str(files[1])
+    )
+    workers = ZoneWorkers(zone, region=REGION, time_scale=0.05, tls=tls)
+    await workers.start()
+    tier = build_local_tier(topology, REGION, ZONE)
+    try:
+        await tier.start()
+        creds = TierTls.load(ca.tls, regional(REGION)).channel_credentials()
+        async with grpc.aio.secure_channel(zone.endpoint.address, creds) as channel:
+            assert await infer(channel) == f"{ZONE}/g0"
+    finally:
+        await tier.stop(0)
+        await workers.stop(0)
