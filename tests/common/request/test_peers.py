@@ -133,20 +133,21 @@ async def test_calls_without_internal_metadata_are_refused_too(eu: Regional) -> 
 
 
 async def test_streams_are_guarded_like_unary_calls(eu: Regional) -> None:
-    requests = [generate_request("m", "hi"), generate_request("m", "there")]
     async with eu.channel(US_1A) as channel:
+        # Refused as the stream opens, before any request is read. (Nothing is written:
+        # a write racing with the refusal may surface on the client as INTERNAL.)
         call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
-            iter(requests), metadata=FORGED, timeout=5
+            metadata=FORGED, timeout=5
         )
-        with pytest.raises(grpc.aio.AioRpcError) as err:
-            [r async for r in call]
-    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert await call.code() == grpc.StatusCode.PERMISSION_DENIED
+        assert (await call.details()).endswith(f"the caller is {US_1A.uri}")
     assert eu.recorder.tenants == []
+    requests = [generate_request("m", "hi"), generate_request("m", "there")]
     async with eu.channel(GLOBAL) as channel:
-        call = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
+        stream = pb_grpc.GRPCInferenceServiceStub(channel).ModelStreamInfer(
             iter(requests), metadata=FORGED, timeout=5
         )
-        assert len([r async for r in call]) == 2
+        assert len([r async for r in stream]) == 2
     assert eu.recorder.tenants == ["acme"]
 
 
