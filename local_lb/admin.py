@@ -21,8 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from common.config.gpu import GpuConfig
 from common.config.node import ConfigError
-from common.config.topology import GpuConfig, Topology
+from common.config.topology import Topology
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.operations.admin import AdminService, TierHooks
 from common.operations.reload import reload_children

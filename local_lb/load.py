@@ -23,10 +23,10 @@ import aiohttp
 import grpc
 
 from common.basics.tasks import cancel_and_wait
+from common.config.gpu import GpuConfig
 from common.config.liveness import STOCK_SERVER_KEEPALIVE, Keepalive
-from common.config.topology import GpuConfig
 from common.request.health import GpuCheck, HealthChecker
-from common.request.server import channel_options
+from common.request.server import channel_options, dial
 from local_lb.load_book import (
     Load,
     LoadBook,
@@ -153,11 +153,7 @@ class BackendMonitor:
 
     def _open(self, gpu: MonitoredGpu) -> None:
         assert self._session is not None
-        options = self._channel_options
-        if gpu.credentials is None:
-            channel = grpc.aio.insecure_channel(gpu.address, options=options)
-        else:
-            channel = grpc.aio.secure_channel(gpu.address, gpu.credentials, options=options)
+        channel = dial(gpu.address, gpu.credentials, self._channel_options)
         self._channels[gpu.name] = channel
         backend = _Backend(gpu, HealthChecker(channel))
         self._backends[gpu.name] = backend

@@ -11,10 +11,11 @@ import grpc
 
 from common.basics.ticker import Ticker
 from common.capacity.streams import zone_stream
+from common.config.gpu import GpuConfig
 from common.config.identity import local
 from common.config.node import ConfigError
 from common.config.tls import GpuCredentials, TierTls, tier_tls
-from common.config.topology import GpuConfig, Topology, ZoneConfig
+from common.config.topology import Topology, ZoneConfig
 from common.gen.meridian.v1 import capacity_pb2
 from common.observability.tier_metrics import EjectionCounter, add_local_metrics
 from common.observability.tracing import Telemetry, setup_tracing
@@ -58,10 +59,17 @@ def gpu_child(cfg: GpuConfig, credentials: grpc.ChannelCredentials | None = None
     )
 
 
-def gpu_factory(tls: TierTls | None) -> Callable[[GpuConfig], GpuChild]:
-    """Builds the view of a GPU (at start and on reload), dialled as its entry says."""
+def zone_gpus(
+    tls: TierTls | None, zone_cfg: ZoneConfig
+) -> tuple[Callable[[GpuConfig], GpuChild], tuple[GpuChild, ...]]:
+    """How to build the view of a GPU (at start and on reload), each dialled as its entry
+    says, and the zone's GPUs built so."""
     dial = GpuCredentials(tls)
-    return lambda cfg: gpu_child(cfg, dial(cfg))
+
+    def make_gpu(cfg: GpuConfig) -> GpuChild:
+        return gpu_child(cfg, dial(cfg))
+
+    return make_gpu, tuple(make_gpu(g) for g in zone_cfg.gpus)
 
 
 def zone_summary(
@@ -235,8 +243,7 @@ def build_local_tier(
     re-reads the topology for the Admin API's ReloadTopology; ``telemetry`` replaces the
     OTel-configured tracing. Serves its regional tier only (mutual TLS); GPUs as they say."""
     zone_cfg, tls = topology.zone(region, zone), tier_tls(topology, local(region, zone))
-    make_gpu = gpu_factory(tls)
-    gpus = tuple(make_gpu(g) for g in zone_cfg.gpus)
+    make_gpu, gpus = zone_gpus(tls, zone_cfg)
     children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
     poke_publisher = LateBoundCallback()  # the publisher reads the balancer's queue
     balancer = local_balancer(topology, view, children, policy, poke_publisher)

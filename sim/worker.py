@@ -19,8 +19,9 @@ import grpc
 from aiohttp import web
 
 from common.basics.errors import RouteError
+from common.config.gpu import DEFAULT_VERSIONS, GpuConfig
 from common.config.node import Endpoint
-from common.config.topology import DEFAULT_VERSIONS, GpuConfig, ZoneConfig
+from common.config.topology import ZoneConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.server import V2Server
@@ -76,17 +77,14 @@ def _engine_error(exc: EngineError) -> RouteError:
 class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
     """One emulated GPU: V2 gRPC on ``gpu.endpoint``, Prometheus on ``gpu.metrics_endpoint``.
 
-    Resources are owned by an exit stack and torn down in reverse order:
-    gRPC stops accepting and drains for ``grace``, then metrics, then the engine.
-    When its entry says ``tls``, the V2 port serves TLS with ``tls`` (server-side:
-    like a stock V2 server, it serves whoever reaches it).
+    Its exit stack tears it down in reverse order: gRPC stops accepting and drains for
+    ``grace``, then metrics, then the engine. Serves TLS with ``tls`` if its entry says so.
     """
 
     def __init__(
         self, gpu: GpuConfig, *, region: str, zone: str, time_scale: float, tls: ServerTls = None
     ) -> None:
-        self.gpu = gpu
-        self.tls = tls if gpu.tls is not None else None
+        self.gpu, self.tls = gpu, (tls if gpu.tls is not None else None)
         self.region = region
         self.zone = zone
         self.engine = GpuEngine(gpu, time_scale=time_scale)
@@ -355,8 +353,7 @@ def _stream_response(response: pb.ModelInferResponse) -> pb.ModelStreamInferResp
 
 
 class ZoneWorkers:
-    """Every GPU of one zone, each its own ``GpuWorker``, in one process (those that say
-    ``tls`` serve it with one certificate, ``tls``)."""
+    """Every GPU of one zone, each its own ``GpuWorker`` (sharing ``tls``), in one process."""
 
     def __init__(
         self, zone: ZoneConfig, *, region: str, time_scale: float, tls: ServerTls = None

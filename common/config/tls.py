@@ -35,9 +35,10 @@ from cryptography import x509
 from cryptography.hazmat.primitives.serialization import load_pem_private_key
 
 from common.config.access import TlsConfig
+from common.config.gpu import GpuConfig
 from common.config.identity import GLOBAL, Identity, gpu_servers, local, regional
 from common.config.node import ConfigError
-from common.config.topology import GpuConfig, Topology, ZoneConfig
+from common.config.topology import Topology, ZoneConfig
 
 
 def fleet_identities(topology: Topology) -> list[Identity]:

@@ -27,7 +27,7 @@ from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.health import HealthChecker
-from common.request.server import channel_options
+from common.request.server import channel_options, dial
 
 log = logging.getLogger(__name__)
 
@@ -177,12 +177,7 @@ class ChildSet:
         return iter(self.children)
 
     def _open(self, child: Child) -> grpc.aio.Channel:
-        address = child.endpoint.address
-        credentials = child.credentials or self.credentials
-        if credentials is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
-        else:
-            channel = grpc.aio.secure_channel(address, credentials, options=self._options)
+        channel = dial(child.endpoint.address, child.credentials or self.credentials, self._options)
         self._channels.append(channel)
         child.channel = channel
         child.stub = pb_grpc.GRPCInferenceServiceStub(channel)
