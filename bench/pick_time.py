@@ -25,8 +25,8 @@ from pathlib import Path
 
 from bench.report import machine
 from common.basics.vocabulary import Priority
+from common.config.gpu import HARDWARE_SPEED
 from common.config.node import Endpoint
-from common.config.topology import HARDWARE_SPEED
 from common.request.pick import PickRequest
 from common.request.prefix import BLOCK_TOKENS
 from local_lb.load_book import LoadSample

@@ -12,9 +12,10 @@ same through a small wrapper (``common.basics.redis_embed``) and keeps its
 append-only file in ``<run_dir>/redis``, so a Redis restart, or a second
 ``meridian up`` on the same run directory, finds every usage record again.
 ``ExitWatch`` reports a process that died once, and once when it is back.
-With ``tls`` (the default) a fresh PKI is generated into ``<run_dir>/pki`` and
-the tiers talk mutual TLS (see ``common.config.tls``); the global endpoint
-stays plaintext for clients.
+With ``tls`` (the default) a fresh PKI is generated into ``<run_dir>/pki``, one
+certificate per tier instance (``common.config.pki``), and the tiers talk
+mutual TLS, each serving only its parent (see ``common.config.tls``); the
+global endpoint stays plaintext for clients.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ import grpc
 import yaml
 
 from common.basics.redis_embed import EmbeddedRedis, free_port
-from common.config.tls import generate_pki, tier_channel_credentials
+from common.config.identity import Identity, local, regional
+from common.config.pki import FleetCA
+from common.config.tls import GpuCredentials, TierTls, fleet_identities, tier_tls
 from common.config.topology import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
@@ -194,11 +197,12 @@ class ExitWatch:
 class Fleet:
     """A whole Meridian deployment on this machine; ``start()`` / ``stop()``.
 
-    ``tls=True`` generates a PKI into ``<run_dir>/pki`` and sets the topology's
-    ``tls`` (``client_facing`` False) unless the fleet file has its own ``tls``
-    section; ``tls=False`` runs plaintext everywhere, dropping any such section.
-    A direct call to an inner tier must then present the tier certificate:
-    ``credentials_for(name)`` gives the channel credentials for any process.
+    ``tls=True`` generates a PKI into ``<run_dir>/pki`` (a CA and one certificate
+    per tier instance) and sets the topology's ``tls`` (``client_facing`` False)
+    unless the fleet file has its own ``tls`` section; ``tls=False`` runs
+    plaintext everywhere, dropping any such section. An inner tier then serves
+    only its parent: ``credentials_for(name)`` presents the parent's certificate,
+    ``credentials_as(identity)`` any instance's.
     """
 
     def __init__(
@@ -218,16 +222,21 @@ class Fleet:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.redis = None if redis_url else EmbeddedRedis(data_dir=self.run_dir / "redis")
         raw["redis_url"] = redis_url or self.redis.url  # type: ignore[union-attr]
+        ca = None
         if not tls:
             raw.pop("tls", None)
         elif "tls" not in raw:
-            pki = generate_pki(self.run_dir / "pki")
-            raw["tls"] = {"ca": pki.ca, "cert": pki.cert, "key": pki.key, "client_facing": False}
+            # The CA now (the topology names its files); the instances' certificates
+            # once the parsed topology says which instances there are.
+            ca = FleetCA.create(self.run_dir / "pki")
+            raw["tls"] = {"ca": ca.tls.ca, "certs": ca.tls.certs, "client_facing": False}
         self.tenant_keys = generate_tenant_keys(raw)
         self.admin_key = generate_admin_key(raw)
         self.raw = resolve_ports(raw)
         self.topology: Topology = topology_from_mapping(self.raw)
-        self._tier_credentials = tier_channel_credentials(self.topology.tls)
+        if ca is not None:
+            ca.issue(fleet_identities(self.topology))
+        self._credentials: dict[Identity, grpc.ChannelCredentials] = {}
         self.config_path = self.run_dir / "topology.yaml"
         self.config_path.write_text(yaml.safe_dump(self.raw, sort_keys=False))
         self.processes: dict[str, TierProcess] = {}
@@ -262,14 +271,41 @@ class Fleet:
                     return zone.endpoint.address
         raise KeyError(name)
 
+    def identity_of(self, name: str) -> Identity | None:
+        """The identity of launched tier ``name`` (None for the global tier and workers)."""
+        kind, _, where = name.partition("-")
+        for region in self.topology.regions:
+            if kind == "regional" and where == region.name:
+                return regional(region.name)
+            for zone in region.zones:
+                if kind == "local" and where == zone.name:
+                    return local(region.name, zone.name)
+        return None
+
+    def credentials_as(self, identity: Identity) -> grpc.ChannelCredentials:
+        """Channel credentials presenting ``identity``'s certificate (fleet on TLS only)."""
+        if self.topology.tls is None:
+            raise ValueError("this fleet runs without TLS: there are no identities")
+        if identity not in self._credentials:
+            keys = TierTls.load(self.topology.tls, identity)
+            self._credentials[identity] = keys.channel_credentials()
+        return self._credentials[identity]
+
     def credentials_for(self, name: str) -> grpc.ChannelCredentials | None:
-        """How to call launched process ``name``: None (plaintext) for GPU workers,
-        for the global tier unless its endpoint is client-facing TLS, and for
-        every tier when the fleet runs without TLS; else the tier certificate."""
+        """How to call launched process ``name``: None (plaintext) for GPU workers
+        (a GPU with ``tls``: ``_probes``), for the global tier unless its endpoint
+        is client-facing TLS, and for every tier when the fleet runs without TLS;
+        else as its parent, the only caller an inner tier serves."""
         tls = self.topology.tls
-        if name.startswith("worker-") or (name == "global" and tls and not tls.client_facing):
+        if tls is None or name.startswith("worker-"):
             return None
-        return self._tier_credentials
+        if name == "global":
+            ca = Path(tls.ca).read_bytes()
+            return grpc.ssl_channel_credentials(ca) if tls.client_facing else None
+        identity = self.identity_of(name)
+        if identity is None or identity.parent is None:
+            raise KeyError(name)
+        return self.credentials_as(identity.parent)
 
     @property
     def global_address(self) -> str:
@@ -294,8 +330,7 @@ class Fleet:
 
     def _wait_ready(self, proc: TierProcess, deadline: float) -> None:
         """Until ``proc`` serves: ServerReady=true for tiers, every GPU port for workers."""
-        credentials = self.credentials_for(proc.name)
-        for address in self._addresses(proc.name):
+        for address, credentials in self._probes(proc.name):
             while not tier_ready(address, credentials):
                 if not proc.alive():
                     raise RuntimeError(f"{proc.name} exited at start; see {proc.log_path}")
@@ -303,22 +338,23 @@ class Fleet:
                     raise TimeoutError(f"{proc.name} not ready on {address}; see {proc.log_path}")
                 time.sleep(0.05)
 
-    def _addresses(self, name: str) -> list[str]:
-        if name.startswith("worker-"):
-            zone = name.removeprefix("worker-")
-            return [
-                g.endpoint.address
-                for r in self.topology.regions
-                for z in r.zones
-                if z.name == zone
-                for g in z.gpus
-            ]
-        return [self.endpoint_of(name)]
+    def _probes(self, name: str) -> list[tuple[str, grpc.ChannelCredentials | None]]:
+        """Where ``name`` serves and how to call it there: a worker's every GPU port
+        (each dialled as its local tier does), a tier's endpoint."""
+        if not name.startswith("worker-"):
+            return [(self.endpoint_of(name), self.credentials_for(name))]
+        zone = name.removeprefix("worker-")
+        probes: list[tuple[str, grpc.ChannelCredentials | None]] = []
+        for region in self.topology.regions:
+            for z in region.zones:
+                if z.name == zone:
+                    dial = GpuCredentials(tier_tls(self.topology, local(region.name, zone)))
+                    probes += [(g.endpoint.address, dial(g)) for g in z.gpus]
+        return probes
 
     def answers(self, name: str) -> bool:
         """True when every address of launched process ``name`` serves (ServerReady)."""
-        credentials = self.credentials_for(name)
-        return all(tier_ready(a, credentials, 0.2) for a in self._addresses(name))
+        return all(tier_ready(a, credentials, 0.2) for a, credentials in self._probes(name))
 
     def kill(self, name: str) -> None:
         """Kill one tier process outright (SIGKILL), as a crash would."""

@@ -74,14 +74,20 @@ def _run_tier(args: argparse.Namespace) -> None:
 
 
 def _run_worker(args: argparse.Namespace) -> None:
+    from common.config.tls import gpu_server_credentials
     from sim.worker import run_zone_workers
 
     topology = _topology(args)
     zone = topology.zone(_need(args, "region"), _need(args, "zone"))
     time_scale = args.time_scale if args.time_scale is not None else topology.time_scale
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ConfigError("--tls-cert and --tls-key go together")
+    credentials = gpu_server_credentials(
+        topology, args.region, zone, cert_file=args.tls_cert, key_file=args.tls_key
+    )
 
     async def run(stop: asyncio.Event) -> None:
-        await run_zone_workers(zone, args.region, time_scale, stop)
+        await run_zone_workers(zone, args.region, time_scale, stop, credentials)
 
     asyncio.run(_until_signalled(run))
 
@@ -125,7 +131,7 @@ def _run_up(args: argparse.Namespace) -> None:
                 print(f"  zone     {zone.name:<14} local tier {zone.endpoint}  gpus {gpus}")
         print(f"policy     {args.policy} (every local tier)")
         if topo.tls is not None:
-            print(f"mtls       between tiers; certificates in {Path(topo.tls.ca).parent}")
+            print(f"mtls       between tiers, one identity each; certificates {topo.tls.certs}")
         for tenant_id, key in fleet.tenant_keys.items():
             print(f"tenant {tenant_id} key {key}")
         if fleet.admin_key is not None:
@@ -185,6 +191,8 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(
             "--time-scale", type=float, default=None, help="(worker) emulated time factor"
         )
+        p.add_argument("--tls-cert", help="(worker) certificate of the GPUs whose entry says tls")
+        p.add_argument("--tls-key", help="(worker) its private key")
     up = sub.add_parser("up", help="start the demo fleet on this machine")
     from cli.launcher import DEMO_FLEET
 

@@ -7,7 +7,8 @@ from collections.abc import Callable
 from common.basics.errors import RouteError
 from common.basics.geo import GeoPoint
 from common.capacity.streams import region_stream
-from common.config.tls import tier_server_credentials
+from common.config.identity import GLOBAL
+from common.config.tls import tier_tls
 from common.config.topology import Topology
 from common.observability.tracing import Telemetry, setup_tracing
 from common.operations.admin import upper_tier_admin
@@ -66,7 +67,8 @@ def build_global_tier(
     """The global tier as described by ``topology``; ``reload_from`` re-reads the topology
     for the Admin API's ReloadTopology; ``telemetry`` replaces the tracing set up from
     the OTel environment."""
-    regions = tier_children(topology, region_children(topology), "region")
+    tls = tier_tls(topology, GLOBAL)  # its own certificate, presented to the regions
+    regions = tier_children(topology, region_children(topology), "region", tls=tls)
     reader = summary_reader(
         topology, {region_stream(r.name): r.name for r in topology.regions}, regions
     )
@@ -94,7 +96,7 @@ def build_global_tier(
         RankingBalancer(picker, regions),
         topology.global_tier.endpoint,
         reader=reader,
-        credentials=tier_server_credentials(topology.tls, edge=True),
+        tls=tls,
         admission=edge_admission(
             topology.auth, topology.redis_url, usage_replicas_ack=topology.usage_replicas_ack
         ),

@@ -10,7 +10,8 @@ drained, and once its requests have ended it is forgotten everywhere (monitor,
 outlier detector, circuit breaker, slow start, load reports, prefix index).
 A kept GPU takes over changed models, speed, ``max_concurrency``, hardware,
 versions and metrics endpoint (the monitor checks the new models and scrapes
-the new endpoint); an address change is not applied (``common.operations.reload``).
+the new endpoint); an address or ``tls`` change is not applied
+(``common.operations.reload``).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from common.config.gpu import GpuConfig
 from common.config.node import ConfigError
-from common.config.topology import GpuConfig, Topology
+from common.config.topology import Topology
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.operations.admin import AdminService, TierHooks
 from common.operations.reload import reload_children
@@ -87,7 +89,9 @@ class LocalAdmin:
         report = await reload_children(
             self.children,
             [self.make_gpu(cfg) for cfg in configs.values()],
-            on_added=lambda gpu: self.monitor.add(MonitoredGpu.from_config(configs[gpu.name])),
+            on_added=lambda gpu: self.monitor.add(
+                MonitoredGpu.from_config(configs[gpu.name], gpu.credentials)
+            ),
             on_gone=self._gone,
         )
         changed = bool(report.added or report.changed)
@@ -98,6 +102,8 @@ class LocalAdmin:
                 and cfg.name not in report.added
                 and not self.children.leaving(gpu.name)
             ):
+                if gpu.tls != cfg.tls:  # its channel is open: like its address, not applied
+                    report.not_applied.append(f"{gpu.name}: tls (add it under a new name instead)")
                 changes = await self._take_settings(gpu, cfg)
                 if changes:
                     changed = True
@@ -110,7 +116,7 @@ class LocalAdmin:
         """The GPU-only settings of a kept GPU (models and speed: reload_children), and
         what its monitor checks: the GPU's models at its current address (an address
         change is not applied), and the new metrics endpoint."""
-        watched = MonitoredGpu.from_config(cfg)
+        watched = MonitoredGpu.from_config(cfg, gpu.credentials)
         watched = dataclasses.replace(watched, address=gpu.endpoint.address, models=gpu.models)
         before = self.monitor.watched(gpu.name)
         changes: list[str] = []

@@ -17,16 +17,16 @@ import logging
 import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import aiohttp
 import grpc
 
 from common.basics.tasks import cancel_and_wait
+from common.config.gpu import GpuConfig
 from common.config.liveness import STOCK_SERVER_KEEPALIVE, Keepalive
-from common.config.topology import GpuConfig
 from common.request.health import GpuCheck, HealthChecker
-from common.request.server import channel_options
+from common.request.server import channel_options, dial
 from local_lb.load_book import (
     Load,
     LoadBook,
@@ -50,14 +50,20 @@ class MonitoredGpu:
     address: str  # host:port of its V2 gRPC server
     models: frozenset[str]
     metrics_url: str | None = None
+    # TLS towards a GPU whose entry says ``tls`` (None: plaintext); taken when its
+    # channel opens, so not part of what a reload compares.
+    credentials: grpc.ChannelCredentials | None = field(default=None, compare=False)
 
     @classmethod
-    def from_config(cls, gpu: GpuConfig) -> MonitoredGpu:
+    def from_config(
+        cls, gpu: GpuConfig, credentials: grpc.ChannelCredentials | None = None
+    ) -> MonitoredGpu:
         return cls(
             name=gpu.name,
             address=gpu.endpoint.address,
             models=frozenset(gpu.models),
             metrics_url=f"http://{gpu.metrics_endpoint.address}/metrics",
+            credentials=credentials,
         )
 
 
@@ -147,7 +153,7 @@ class BackendMonitor:
 
     def _open(self, gpu: MonitoredGpu) -> None:
         assert self._session is not None
-        channel = grpc.aio.insecure_channel(gpu.address, options=self._channel_options)
+        channel = dial(gpu.address, gpu.credentials, self._channel_options)
         self._channels[gpu.name] = channel
         backend = _Backend(gpu, HealthChecker(channel))
         self._backends[gpu.name] = backend

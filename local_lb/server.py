@@ -11,9 +11,11 @@ import grpc
 
 from common.basics.ticker import Ticker
 from common.capacity.streams import zone_stream
+from common.config.gpu import GpuConfig
+from common.config.identity import local
 from common.config.node import ConfigError
-from common.config.tls import tier_server_credentials
-from common.config.topology import GpuConfig, Topology, ZoneConfig
+from common.config.tls import GpuCredentials, TierTls, tier_tls
+from common.config.topology import Topology, ZoneConfig
 from common.gen.meridian.v1 import capacity_pb2
 from common.observability.tier_metrics import EjectionCounter, add_local_metrics
 from common.observability.tracing import Telemetry, setup_tracing
@@ -41,7 +43,8 @@ from local_lb.state import GpuChild, LocalView
 A100_WORK_PER_S = 2000.0
 
 
-def gpu_child(cfg: GpuConfig) -> GpuChild:
+def gpu_child(cfg: GpuConfig, credentials: grpc.ChannelCredentials | None = None) -> GpuChild:
+    """The local tier's view of one GPU, dialled with ``credentials`` (None: plaintext)."""
     return GpuChild(
         name=cfg.name,
         endpoint=cfg.endpoint,
@@ -51,7 +54,22 @@ def gpu_child(cfg: GpuConfig) -> GpuChild:
         slots=cfg.max_concurrency,
         versions=dict(cfg.versions),
         rate=cfg.speed * A100_WORK_PER_S,
+        tls=cfg.tls,
+        credentials=credentials,
     )
+
+
+def zone_gpus(
+    tls: TierTls | None, zone_cfg: ZoneConfig
+) -> tuple[Callable[[GpuConfig], GpuChild], tuple[GpuChild, ...]]:
+    """How to build the view of a GPU (at start and on reload), each dialled as its entry
+    says, and the zone's GPUs built so."""
+    dial = GpuCredentials(tls)
+
+    def make_gpu(cfg: GpuConfig) -> GpuChild:
+        return gpu_child(cfg, dial(cfg))
+
+    return make_gpu, tuple(make_gpu(g) for g in zone_cfg.gpus)
 
 
 def zone_summary(
@@ -157,13 +175,19 @@ def local_balancer(
     )
 
 
+def dial_of(balancer: LocalBalancer, gpu: GpuConfig) -> grpc.ChannelCredentials | None:
+    """How the tier dials ``gpu`` (its child's credentials; None: plaintext)."""
+    return balancer.children.by_name[gpu.name].credentials
+
+
 def gpu_monitor(
     topology: Topology, zone_cfg: ZoneConfig, balancer: LocalBalancer
 ) -> BackendMonitor:
     """Health of the zone's GPU servers, told to the balancer's readiness, and their
     own load reports, kept in the view's load book."""
     return BackendMonitor(
-        (MonitoredGpu.from_config(g) for g in zone_cfg.gpus),
+        # Health checks dial each GPU as its requests do.
+        (MonitoredGpu.from_config(g, dial_of(balancer, g)) for g in zone_cfg.gpus),
         on_health=balancer.readiness.probed,
         book=balancer.view.load,
         interval_s=topology.health_interval_s,
@@ -217,9 +241,9 @@ def build_local_tier(
 ) -> TierServer:
     """The local tier of ``region``/``zone`` as ``topology`` describes it; ``reload_from``
     re-reads the topology for the Admin API's ReloadTopology; ``telemetry`` replaces the
-    OTel-configured tracing. Mutual TLS towards the regional tier; GPU workers plaintext."""
-    zone_cfg = topology.zone(region, zone)
-    gpus = tuple(gpu_child(g) for g in zone_cfg.gpus)
+    OTel-configured tracing. Serves its regional tier only (mutual TLS); GPUs as they say."""
+    zone_cfg, tls = topology.zone(region, zone), tier_tls(topology, local(region, zone))
+    make_gpu, gpus = zone_gpus(tls, zone_cfg)
     children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
     poke_publisher = LateBoundCallback()  # the publisher reads the balancer's queue
     balancer = local_balancer(topology, view, children, policy, poke_publisher)
@@ -241,7 +265,7 @@ def build_local_tier(
         view=view,
         balancer=balancer,
         monitor=monitor,
-        make_gpu=gpu_child,
+        make_gpu=make_gpu,
     )
     return TierServer(
         TierSpec(tier="local", trust_internal=True, resolve_origin=no_origin),
@@ -255,7 +279,7 @@ def build_local_tier(
             Ticker(balancer.refresh_all, topology.health_interval_s / 2),
             Ticker(ejections.poll, topology.health_interval_s / 2),
         ],
-        credentials=tier_server_credentials(topology.tls, edge=False),
+        tls=tls,
         admission=inner_admission(topology.auth),
         limits=topology.limits,
         keepalive=topology.liveness.keepalive,

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from common.config.access import GpuTls
 from common.request.children import Child
 from local_lb.load_book import LoadBook
 
@@ -32,6 +33,8 @@ class GpuChild(Child):
     share: float = 1.0  # slow-start factor, refreshed by the balancer
     # Operator's weight (Admin SetWeight): scales the learned rate when picking.
     weight: float = 1.0
+    # Its entry's ``tls`` when its channel was opened (a reload does not change it).
+    tls: GpuTls | None = None
 
     # healthy_since of the recovery slow start was last started for.
     last_seen_healthy: float = float("-inf")

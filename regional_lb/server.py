@@ -8,8 +8,9 @@ from collections.abc import Callable
 from common.basics.geo import GeoPoint
 from common.capacity.streams import region_stream, zone_stream
 from common.capacity.summary import aggregate
+from common.config.identity import regional
 from common.config.node import ConfigError
-from common.config.tls import tier_server_credentials
+from common.config.tls import tier_tls
 from common.config.topology import RegionConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
 from common.observability.tracing import Telemetry, setup_tracing
@@ -88,7 +89,8 @@ def build_regional_tier(
     """The regional tier of ``region`` as described by ``topology``; ``reload_from``
     re-reads the topology for the Admin API's ReloadTopology."""
     region_cfg = topology.region(region)
-    zones = tier_children(topology, zone_children(region_cfg), "zone")
+    tls = tier_tls(topology, regional(region))
+    zones = tier_children(topology, zone_children(region_cfg), "zone", tls=tls)
     reader = summary_reader(
         topology, {zone_stream(region, z.name): z.name for z in region_cfg.zones}, zones
     )
@@ -126,7 +128,7 @@ def build_regional_tier(
         region_cfg.endpoint,
         publisher=publisher,
         reader=reader,
-        credentials=tier_server_credentials(topology.tls, edge=False),
+        tls=tls,
         admission=inner_admission(topology.auth),
         limits=topology.limits,
         keepalive=topology.liveness.keepalive,

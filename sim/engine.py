@@ -20,7 +20,7 @@ from collections import OrderedDict, deque
 from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
 
-from common.config.topology import GpuConfig
+from common.config.gpu import GpuConfig
 from common.request.prefix import BLOCK_TOKENS, prompt_block_hashes
 
 PREFILL_S_PER_TOKEN = 0.0002

@@ -13,13 +13,15 @@ import asyncio
 import contextlib
 import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
-from typing import Any
+from typing import Any, TypeAlias
 
+import grpc
 from aiohttp import web
 
 from common.basics.errors import RouteError
+from common.config.gpu import DEFAULT_VERSIONS, GpuConfig
 from common.config.node import Endpoint
-from common.config.topology import DEFAULT_VERSIONS, GpuConfig, ZoneConfig
+from common.config.topology import ZoneConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.server import V2Server
@@ -36,6 +38,7 @@ PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # taking tokens from the engine, so a caller that stops reading holds generation
 # back instead of growing memory (the engine keeps at most a request's max_tokens).
 STREAM_QUEUE_RESPONSES = 64
+ServerTls: TypeAlias = grpc.ServerCredentials | None  # None: plaintext
 
 # (name, type, help, EngineStats attribute); all carry a model_name label.
 _METRICS = (
@@ -74,12 +77,14 @@ def _engine_error(exc: EngineError) -> RouteError:
 class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
     """One emulated GPU: V2 gRPC on ``gpu.endpoint``, Prometheus on ``gpu.metrics_endpoint``.
 
-    Resources are owned by an exit stack and torn down in reverse order:
-    gRPC stops accepting and drains for ``grace``, then metrics, then the engine.
+    Its exit stack tears it down in reverse order: gRPC stops accepting and drains for
+    ``grace``, then metrics, then the engine. Serves TLS with ``tls`` if its entry says so.
     """
 
-    def __init__(self, gpu: GpuConfig, *, region: str, zone: str, time_scale: float) -> None:
-        self.gpu = gpu
+    def __init__(
+        self, gpu: GpuConfig, *, region: str, zone: str, time_scale: float, tls: ServerTls = None
+    ) -> None:
+        self.gpu, self.tls = gpu, (tls if gpu.tls is not None else None)
         self.region = region
         self.zone = zone
         self.engine = GpuEngine(gpu, time_scale=time_scale)
@@ -113,7 +118,7 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
             stack.push_async_callback(self.engine.stop)
             await self._start_metrics()
             stack.push_async_callback(self._stop_metrics)
-            server = self._server = V2Server(self, self.gpu.endpoint)
+            server = self._server = V2Server(self, self.gpu.endpoint, credentials=self.tls)
             await server.start()
             stack.push_async_callback(self._stop_server)
             self.port = server.port
@@ -348,12 +353,14 @@ def _stream_response(response: pb.ModelInferResponse) -> pb.ModelStreamInferResp
 
 
 class ZoneWorkers:
-    """Every GPU of one zone, each its own ``GpuWorker``, in one process."""
+    """Every GPU of one zone, each its own ``GpuWorker`` (sharing ``tls``), in one process."""
 
-    def __init__(self, zone: ZoneConfig, *, region: str, time_scale: float) -> None:
+    def __init__(
+        self, zone: ZoneConfig, *, region: str, time_scale: float, tls: ServerTls = None
+    ) -> None:
         self.zone = zone
         self.workers = [
-            GpuWorker(gpu, region=region, zone=zone.name, time_scale=time_scale)
+            GpuWorker(gpu, region=region, zone=zone.name, time_scale=time_scale, tls=tls)
             for gpu in zone.gpus
         ]
         self._started: list[GpuWorker] = []
@@ -376,10 +383,10 @@ class ZoneWorkers:
 
 
 async def run_zone_workers(
-    zone: ZoneConfig, region: str, time_scale: float, stop_event: asyncio.Event
+    zone: ZoneConfig, region: str, time_scale: float, stop: asyncio.Event, tls: ServerTls = None
 ) -> None:
-    """Serve a zone's GPUs until ``stop_event`` is set; print one line per GPU once listening."""
-    workers = ZoneWorkers(zone, region=region, time_scale=time_scale)
+    """Serve a zone's GPUs until ``stop`` is set; print one line per GPU once listening."""
+    workers = ZoneWorkers(zone, region=region, time_scale=time_scale, tls=tls)
     await workers.start()
     try:
         for w in workers:
@@ -388,6 +395,6 @@ async def run_zone_workers(
                 flush=True,
                 file=sys.stdout,
             )
-        await stop_event.wait()
+        await stop.wait()
     finally:
         await workers.stop()

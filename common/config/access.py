@@ -1,6 +1,7 @@
 """Who may call the fleet and how much: tenants and their keys, the Admin API's
-keys, mutual TLS between tiers, and request size limits — their configuration
-types and how the topology file's ``auth``, ``tls`` and ``limits`` sections are read.
+keys, mutual TLS between tiers (and to GPUs that serve it), and request size
+limits — their configuration types and how the topology file's ``auth``,
+``tls`` and ``limits`` sections (and a GPU's ``tls``) are read.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from common.basics.vocabulary import ANONYMOUS_TENANT, PRIORITY_NAMES, Priority
+from common.config.identity import Identity
 from common.config.node import ConfigError, ConfigNode, require_positive, require_unique
 
 
@@ -60,18 +62,39 @@ class AuthConfig:
 
 @dataclass(frozen=True)
 class TlsConfig:
-    """Mutual TLS between tiers (and optionally towards clients).
+    """Mutual TLS between tiers (and optionally towards clients), one identity per
+    tier instance (``common.config.identity``).
 
-    Every tier serves with ``cert``/``key`` and requires a client certificate
-    signed by ``ca`` from the tier above; every tier calls its children with the
-    same pair. ``client_facing`` makes the global endpoint TLS too (server-side
-    only: clients authenticate with API keys).
+    Every tier instance has its own certificate and key, in
+    ``<certs>/<identity path>/cert.pem`` and ``key.pem`` (``certs/regional/eu-west/``);
+    a certificate carries its instance's identity as a URI SAN. Tiers verify each
+    other against ``ca``, and an inner tier serves only its parent's identity.
+    ``client_facing`` makes the global endpoint TLS too (server-side only:
+    clients authenticate with API keys).
     """
 
     ca: str
-    cert: str
-    key: str
+    certs: str
     client_facing: bool = False
+
+    def cert_file(self, identity: Identity) -> Path:
+        return Path(self.certs, *identity.path, CERT_FILE)
+
+    def key_file(self, identity: Identity) -> Path:
+        return Path(self.certs, *identity.path, KEY_FILE)
+
+
+CERT_FILE = "cert.pem"
+KEY_FILE = "key.pem"
+
+
+@dataclass(frozen=True)
+class GpuTls:
+    """A GPU server that serves TLS: the local tier verifies it against ``ca``
+    (None: the fleet's ``tls.ca``) and presents its own certificate, which the
+    GPU server may ask for."""
+
+    ca: str | None = None
 
 
 # gRPC keeps message and metadata limits in C ints.
@@ -188,17 +211,41 @@ def parse_tls(root: ConfigNode) -> TlsConfig | None:
         root.seen.add("tls")
         return None
     node = root.child("tls")
+    for key in ("cert", "key"):
+        if key in node.raw:
+            raise ConfigError(
+                f"{node.key_path(key)}: one certificate for every tier is no longer accepted "
+                "(any tier could speak as any other); give tls.certs, a directory with "
+                "<identity>/cert.pem and key.pem per tier instance (meridian up writes one)"
+            )
     tls = TlsConfig(
         ca=node.get("ca", kind=str),
-        cert=node.get("cert", kind=str),
-        key=node.get("key", kind=str),
+        certs=node.get("certs", kind=str),
         client_facing=node.get("client_facing", False, kind=bool),
     )
     node.done()
-    for key in ("ca", "cert", "key"):
-        if not Path(getattr(tls, key)).is_file():
-            raise ConfigError(f"tls.{key}: no such file {getattr(tls, key)!r}")
+    if not Path(tls.ca).is_file():
+        raise ConfigError(f"{node.key_path('ca')}: no such file {tls.ca!r}")
+    # Each instance's own files are checked when it starts (common.config.tls): a
+    # machine holds only the certificates of the instances it runs.
+    if not Path(tls.certs).is_dir():
+        raise ConfigError(f"{node.key_path('certs')}: no such directory {tls.certs!r}")
     return tls
+
+
+def parse_gpu_tls(node: ConfigNode) -> GpuTls | None:
+    """A GPU's ``tls``: absent or false (plaintext), true (the fleet's CA) or ``{ca: PATH}``."""
+    raw = node.get("tls", False, kind=(bool, dict))
+    if raw is False:
+        return None
+    if raw is True:
+        return GpuTls()
+    sub = node.child("tls")
+    ca = sub.get("ca", kind=str)
+    sub.done()
+    if not Path(ca).is_file():
+        raise ConfigError(f"{sub.key_path('ca')}: no such file {ca!r}")
+    return GpuTls(ca=ca)
 
 
 # Stream timeouts: at most a day (longer is surely a unit mistake).

@@ -3,7 +3,7 @@
 The file is read once at start into frozen dataclasses. Every key is checked:
 an unknown key, a missing key or a bad value raises ``ConfigError`` naming the
 key's path (``common.config.node``). Tenants, TLS and size limits are read by
-``common.config.access``.
+``common.config.access``, a GPU's entry by ``common.config.gpu``.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ from common.config.access import (
     parse_limits,
     parse_tls,
 )
+from common.config.gpu import GpuConfig, parse_gpu
+from common.config.identity import check_fleet_names
 from common.config.liveness import Liveness, parse_liveness
 from common.config.node import (
     ConfigError,
@@ -33,47 +35,6 @@ from common.config.node import (
     require_positive,
     require_unique,
 )
-
-# Relative speed of each hardware class, A100 = 1.0 (DESIGN.md: H100 ~ 2x A100,
-# A100 ~ 1.7x V100).
-HARDWARE_SPEED: Mapping[str, float] = {"V100": 0.6, "A100": 1.0, "H100": 2.0, "H200": 2.3}
-# KV-cache capacity in tokens of a typical 7-13B model on each class's memory.
-HARDWARE_KV_TOKENS: Mapping[str, int] = {
-    "V100": 16_384,
-    "A100": 65_536,
-    "H100": 81_920,
-    "H200": 131_072,
-}
-
-
-DEFAULT_VERSIONS = frozenset({"1"})
-
-
-@dataclass(frozen=True)
-class GpuConfig:
-    """One GPU inference server (a V2 endpoint) behind a local tier."""
-
-    name: str
-    endpoint: Endpoint
-    metrics_endpoint: Endpoint
-    hardware: str
-    models: tuple[str, ...]
-    throttle: float = 1.0
-    max_concurrency: int = 16
-    kv_cache_tokens: int = 65_536
-    # Versions served per model; a model listed without "@version" serves version "1".
-    versions: Mapping[str, frozenset[str]] = field(default_factory=dict)
-
-    def serves(self, model: str, version: str = "") -> bool:
-        """True when this GPU serves ``model`` (at ``version``, when one is asked for)."""
-        if model not in self.models:
-            return False
-        return not version or version in self.versions.get(model, DEFAULT_VERSIONS)
-
-    @property
-    def speed(self) -> float:
-        """Effective speed relative to an A100: hardware class times throttle."""
-        return HARDWARE_SPEED[self.hardware] * self.throttle
 
 
 @dataclass(frozen=True)
@@ -196,48 +157,6 @@ def _location(node: ConfigNode, key: str, default: GeoPoint | None = None) -> Ge
     return point
 
 
-def _gpu(node: ConfigNode) -> GpuConfig:
-    hardware = node.get("hardware", kind=str)
-    if hardware not in HARDWARE_SPEED:
-        raise ConfigError(
-            f"{node.key_path('hardware')}: unknown hardware class {hardware!r}; "
-            f"known: {sorted(HARDWARE_SPEED)}"
-        )
-    entries = node.get("models", kind=list)
-    if not entries or not all(isinstance(m, str) and m and not m.startswith("@") for m in entries):
-        raise ConfigError(
-            f"{node.key_path('models')}: expected a non-empty list of model names "
-            "('name' or 'name@version')"
-        )
-    versions: dict[str, set[str]] = {}
-    for entry in entries:
-        name, _, version = entry.partition("@")
-        versions.setdefault(name, set()).add(version or "1")
-    models = list(versions)
-    throttle = node.get("throttle", 1.0, kind=float)
-    if not 0 < throttle <= 1:
-        raise ConfigError(f"{node.key_path('throttle')}: must be in (0, 1], got {throttle}")
-    max_concurrency = node.get("max_concurrency", 16, kind=int)
-    require_positive(node, "max_concurrency", max_concurrency)
-    kv_tokens = node.get("kv_cache_tokens", HARDWARE_KV_TOKENS[hardware], kind=int)
-    require_positive(node, "kv_cache_tokens", kv_tokens)
-    gpu = GpuConfig(
-        name=node.get("name", kind=str),
-        endpoint=parse_endpoint(node.get("listen"), node.key_path("listen")),
-        metrics_endpoint=parse_endpoint(
-            node.get("metrics_listen", "127.0.0.1:0"), node.key_path("metrics_listen")
-        ),
-        hardware=hardware,
-        models=tuple(models),
-        throttle=throttle,
-        max_concurrency=max_concurrency,
-        kv_cache_tokens=kv_tokens,
-        versions={m: frozenset(v) for m, v in versions.items()},
-    )
-    node.done()
-    return gpu
-
-
 def _names(zone: ZoneConfig) -> tuple[str, ...]:
     return (zone.name, *(g.name for g in zone.gpus))
 
@@ -301,7 +220,23 @@ def topology_from_mapping(raw: Any) -> Topology:
         usage_replicas_ack=_usage_replicas_ack(root),
     )
     root.done()
+    _check_tls_names(topology)
     return topology
+
+
+def _check_tls_names(topology: Topology) -> None:
+    """With TLS, region and zone names are parts of identity URIs; a GPU verified
+    against the fleet's CA needs the fleet to have one."""
+    if topology.tls is not None:
+        check_fleet_names([(r.name, [z.name for z in r.zones]) for r in topology.regions])
+    for i, region in enumerate(topology.regions):
+        for j, zone in enumerate(region.zones):
+            for k, gpu in enumerate(zone.gpus):
+                if gpu.tls is not None and gpu.tls.ca is None and topology.tls is None:
+                    raise ConfigError(
+                        f"regions[{i}].zones[{j}].gpus[{k}].tls: true needs the fleet's CA, "
+                        "but the topology has no tls section; add one or give tls: {ca: PATH}"
+                    )
 
 
 def _global(glob: ConfigNode) -> GlobalConfig:
@@ -331,7 +266,7 @@ def _region(rnode: ConfigNode) -> RegionConfig:
 
 def _zone(znode: ConfigNode, region_location: GeoPoint) -> ZoneConfig:
     """A zone; its location defaults to its region's."""
-    gpus = tuple(_gpu(g) for g in znode.items("gpus"))
+    gpus = tuple(parse_gpu(g) for g in znode.items("gpus"))
     require_unique([g.name for g in gpus], znode.key_path("gpus"))
     zone = ZoneConfig(
         name=znode.get("name", kind=str),

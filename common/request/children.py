@@ -27,7 +27,7 @@ from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.health import HealthChecker
-from common.request.server import channel_options
+from common.request.server import channel_options, dial
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +69,8 @@ class Child:
     stub: pb_grpc.GRPCInferenceServiceStub | None = field(default=None, repr=False)
     # The channel under ``stub`` (the Admin API calls the child's tier over it too).
     channel: grpc.aio.Channel | None = field(default=None, repr=False)
+    # How to dial this child when it differs from its set's (a GPU that serves TLS).
+    credentials: grpc.ChannelCredentials | None = field(default=None, repr=False)
 
     def fresh_summary(self, now: float, ttl_s: float) -> capacity_pb2.CapacitySummary | None:
         """The summary if younger than ``ttl_s``; a stale one reads as unknown (None)."""
@@ -175,11 +177,7 @@ class ChildSet:
         return iter(self.children)
 
     def _open(self, child: Child) -> grpc.aio.Channel:
-        address = child.endpoint.address
-        if self.credentials is None:
-            channel = grpc.aio.insecure_channel(address, options=self._options)
-        else:
-            channel = grpc.aio.secure_channel(address, self.credentials, options=self._options)
+        channel = dial(child.endpoint.address, child.credentials or self.credentials, self._options)
         self._channels.append(channel)
         child.channel = channel
         child.stub = pb_grpc.GRPCInferenceServiceStub(channel)

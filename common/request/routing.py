@@ -8,7 +8,9 @@ location the edge resolved, ``x-meridian-attempt``, ``x-meridian-tenant``,
 stream a tier opened for one request of its caller's stream:
 ``common.request.streaming``). The edge drops any internal key a client sends,
 so a client cannot steer inner tiers; inner tiers accept internal keys from the
-tier above.
+tier above — on a fleet with TLS, only from their own parent, proven by the
+identity in its certificate: every other caller is refused before its metadata
+is read (``common.request.peers``). A fleet without TLS trusts its network.
 
 Format rules, checked before anything else reads a value:
 

@@ -80,6 +80,15 @@ def channel_options(keepalive: Keepalive) -> list[tuple[str, int]]:
     return [*CHANNEL_OPTIONS, *keepalive_channel_args(keepalive)]
 
 
+def dial(
+    address: str, credentials: grpc.ChannelCredentials | None, options: list[tuple[str, int]]
+) -> grpc.aio.Channel:
+    """A channel to ``address``: TLS with ``credentials``, plaintext without."""
+    if credentials is None:
+        return grpc.aio.insecure_channel(address, options=options)
+    return grpc.aio.secure_channel(address, credentials, options=options)
+
+
 class V2Server:
     """A grpc.aio server serving a V2 servicer plus health and reflection.
 

@@ -14,13 +14,13 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Protocol
 
-import grpc
 from opentelemetry import trace
 
 from common.capacity.streams import CapacityPublisher, CapacityReader
 from common.config.access import Limits
 from common.config.liveness import Keepalive
 from common.config.node import Endpoint
+from common.config.tls import TierTls, tier_server_credentials
 from common.observability.tier_metrics import CountingRetryBudget, TierMetrics
 from common.observability.tracing import Telemetry, TierTracing
 from common.operations.admin import ADMIN_SERVICE, AdminService
@@ -29,6 +29,7 @@ from common.request.balancer import Balancer
 from common.request.call import CallInterceptor, CallObserver
 from common.request.children import ChildSet
 from common.request.forwarding import Forwarder, ForwardingPolicy
+from common.request.peers import parent_only
 from common.request.proxy import InferenceProxy, TierSpec
 from common.request.server import V2Server
 from common.tenancy.admission import Admission
@@ -81,8 +82,9 @@ class TierServer:
     # How the server pings its callers (common.request.keepalive).
     keepalive: Keepalive = field(default_factory=Keepalive)
     telemetry: Telemetry | None = None
-    # TLS for the served port (common.config.tls.tier_server_credentials); None: plaintext.
-    credentials: grpc.ServerCredentials | None = None
+    # This instance's TLS (common.config.tls); None: a plaintext fleet. An inner tier
+    # serves mutual TLS to its parent only, the edge server-side TLS when client-facing.
+    tls: TierTls | None = None
     # Ops HTTP (common.operations.ops_http) on this address, named ``name`` in
     # /api/state, with the tier's own additions; None: not served.
     ops: Endpoint | None = None
@@ -153,14 +155,20 @@ class TierServer:
         observers.append(self.metrics)
         if self.admission is not None and self.admission.usage is not None:
             observers.append(self.admission)
+        edge = not self.spec.trust_internal  # the tier clients call
+        # The parent check runs inside the call interceptor, so a refused call is still
+        # traced and counted (common.request.peers: an inner tier serves only its parent).
         return V2Server(
             self.proxy,
             self.endpoint,
-            credentials=self.credentials,
+            credentials=tier_server_credentials(self.tls, edge=edge),
             limits=self.limits,
-            interceptors=[CallInterceptor(observers)],
+            interceptors=[
+                CallInterceptor(observers),
+                *parent_only(None if self.tls is None or edge else self.tls.identity),
+            ],
             keepalive=self.keepalive,
-            edge=not self.spec.trust_internal,
+            edge=edge,
         )
 
     def _children_changed(self) -> None:

@@ -5,18 +5,24 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from common.capacity.streams import CapacityPublisher, CapacityReader
-from common.config.tls import tier_channel_credentials
+from common.config.tls import TierTls, tier_channel_credentials
 from common.config.topology import Topology
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.children import Child, ChildSet
 
 
 def tier_children(
-    topology: Topology, children: Iterable[Child], kind: str, *, probe: bool = True
+    topology: Topology,
+    children: Iterable[Child],
+    kind: str,
+    *,
+    tls: TierTls | None = None,
+    probe: bool = True,
 ) -> ChildSet:
-    """A tier's children with the topology's health interval and summary TTL; tier
-    children (``probe``) are dialled with the topology's TLS and keepalive, GPU
-    workers in plaintext with the GPU keepalive and health-checked by the local
+    """A tier's children with the topology's health interval, summary TTL and keepalive;
+    tier children (``probe``) are dialled presenting this instance's certificate
+    (``tls``; None: plaintext), GPU workers as each one's entry says
+    (``Child.credentials``), with the GPU keepalive, and health-checked by the local
     tier's own monitor."""
     liveness = topology.liveness
     return ChildSet(
@@ -24,7 +30,7 @@ def tier_children(
         probe_interval_s=topology.health_interval_s,
         summary_ttl_s=topology.summary_ttl_s,
         kind=kind,
-        credentials=tier_channel_credentials(topology.tls) if probe else None,
+        credentials=tier_channel_credentials(tls) if probe else None,
         keepalive=liveness.keepalive if probe else liveness.gpu_keepalive,
         probe=probe,
     )

@@ -1,9 +1,9 @@
-"""Trust between tiers: a fleet on mutual TLS refuses callers that are not a tier.
+"""Trust between tiers: a fleet on mutual TLS serves each inner tier to its parent only.
 
 One small fleet (1 region, 1 zone, 1 GPU), each tier its own process, as
-``meridian up`` starts it: the global endpoint is plaintext for clients, the
-regional and local tiers accept only callers presenting the fleet's tier
-certificate.
+``meridian up`` starts it: the global endpoint is plaintext for clients; every
+tier instance has its own certificate, and the regional and local tiers accept
+only callers presenting their parent's.
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from cli.launcher import Fleet
-from common.config.tls import channel_credentials
+from common.config.identity import GLOBAL, local, regional
+from common.config.tls import fleet_identities, identity_uris
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.routing import ROUTE, trailer
 from common.request.v2 import generate_request, response_text
@@ -78,7 +79,15 @@ def channels(
 def test_fleet_runs_mutual_tls_between_tiers(fleet: Fleet) -> None:
     tls = fleet.topology.tls
     assert tls is not None and not tls.client_facing
-    assert Path(tls.cert).parent == fleet.run_dir / "pki"
+    assert Path(tls.certs).parent == fleet.run_dir / "pki"
+    # One certificate per tier instance, each naming its own identity.
+    for identity in fleet_identities(fleet.topology):
+        assert identity_uris(tls.cert_file(identity).read_bytes()) == [identity.uri]
+    assert fleet_identities(fleet.topology) == [
+        GLOBAL,
+        regional("us-east"),
+        local("us-east", "us-east-1a"),
+    ]
     # The client-facing endpoint stays plaintext: clients authenticate with API keys.
     with V2Client(fleet.global_address) as client:
         reply = client.infer("through every tier", 3)
@@ -106,17 +115,35 @@ def test_tls_call_without_client_certificate_is_refused(
 
 
 @pytest.mark.parametrize("name", INNER_TIERS)
-def test_call_with_the_tier_certificate_is_served(
+def test_call_with_the_parents_certificate_is_served(
     name: str,
     fleet: Fleet,
     channels: Callable[[str, grpc.ChannelCredentials | None], grpc.Channel],
 ) -> None:
-    """The refusals above are about identity: the same call with the tier certificate works."""
-    assert fleet.topology.tls is not None
-    assert fleet.credentials_for(name) is not None
-    text, route = _infer(channels(name, channel_credentials(fleet.topology.tls)))
+    """The refusals above are about identity: the same call as the tier's parent works."""
+    text, route = _infer(channels(name, fleet.credentials_for(name)))
     assert text
     assert "us-east-1a/" in route
+
+
+def test_a_forged_tenant_from_the_local_tiers_certificate_is_refused_by_the_regional(
+    fleet: Fleet,
+    channels: Callable[[str, grpc.ChannelCredentials | None], grpc.Channel],
+) -> None:
+    """Whoever holds the local tier's key cannot speak for the global tier: the regional
+    tier refuses its call, internal metadata and all, naming both identities."""
+    forger = fleet.credentials_as(local("us-east", "us-east-1a"))
+    stub = pb_grpc.GRPCInferenceServiceStub(channels("regional-us-east", forger))
+    with pytest.raises(grpc.RpcError) as err:
+        stub.ModelInfer(
+            generate_request("demo-llm", "as someone else", 2),
+            metadata=[("x-meridian-tenant", "demo")],
+            timeout=10,
+        )
+    assert err.value.code() == grpc.StatusCode.PERMISSION_DENIED
+    details = err.value.details() or ""
+    assert "the regional tier of us-east serves only its parent" in details
+    assert details.endswith("the caller is spiffe://meridian/local/us-east/us-east-1a")
 
 
 def test_fleet_without_tls_is_plaintext_everywhere(tmp_path: Path) -> None:
@@ -127,3 +154,21 @@ def test_fleet_without_tls_is_plaintext_everywhere(tmp_path: Path) -> None:
     assert fleet.topology.tls is None
     assert not (tmp_path / "run" / "pki").exists()
     assert all(fleet.credentials_for(name) is None for name in fleet.processes)
+
+
+def test_a_gpu_that_says_tls_is_dialled_over_tls(tmp_path: Path) -> None:
+    """``meridian up`` issues the zone's GPU certificate, the worker serves TLS with it,
+    the local tier dials it with TLS; a plaintext call to the GPU fails."""
+    spec = small_fleet_spec(1, 1, 1)
+    spec["regions"][0]["zones"][0]["gpus"][0]["tls"] = True
+    fleet = start_fleet(tmp_path, spec)
+    try:
+        with V2Client(fleet.global_address) as client:
+            reply = client.infer("over tls to the gpu", 3)
+        assert reply.route.startswith("us-east/us-east-1a/") and reply.text
+        gpu = fleet.topology.regions[0].zones[0].gpus[0]
+        with grpc.insecure_channel(gpu.endpoint.address) as channel:
+            error = _refused(channel)
+        assert error.code() == grpc.StatusCode.UNAVAILABLE
+    finally:
+        fleet.stop()

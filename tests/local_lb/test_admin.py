@@ -199,3 +199,15 @@ async def test_a_kept_gpu_takes_new_models_and_metrics_and_the_monitor_follows()
     assert [g.name for g in bal.view.free["n"]] == ["g0"]
     assert bal.picker is picker  # same GPUs: the session ring stays
     await bal.children.stop()
+
+
+async def test_a_kept_gpus_new_tls_is_reported_not_applied() -> None:
+    """Its channel is open: like an address, a GPU's ``tls`` is taken when it is added."""
+    mapping = zone_mapping(2)
+    hooks, bal, _ = local_tier(mapping, Clock())
+    changed = copy.deepcopy(mapping)
+    changed["regions"][0]["zones"][0]["gpus"][0]["tls"] = {"ca": __file__}
+    report = await hooks.reload(topology_from_mapping(changed))
+    assert list(report.not_applied) == ["g0: tls (add it under a new name instead)"]
+    assert bal.view.by_name["g0"].tls is None
+    await bal.children.stop()

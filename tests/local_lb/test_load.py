@@ -13,8 +13,8 @@ import pytest
 from aiohttp import web
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
+from common.config.gpu import GpuConfig
 from common.config.node import Endpoint
-from common.config.topology import GpuConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.health import GpuCheck

@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator, Callable
 
 import pytest
 
+from common.config.gpu import GpuConfig
 from common.config.node import Endpoint
-from common.config.topology import GpuConfig
 from sim.engine import (
     BLOCK_TOKENS,
     DECODE_STEP_BASE_S,

@@ -11,8 +11,9 @@ import grpc
 import pytest
 
 from common.basics.geo import GeoPoint
+from common.config.gpu import GpuConfig
 from common.config.node import Endpoint
-from common.config.topology import GpuConfig, ZoneConfig
+from common.config.topology import ZoneConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.v2 import FINAL_RESPONSE, generate_request, response_text

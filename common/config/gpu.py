@@ -1,0 +1,108 @@
+"""One GPU inference server of a topology: its hardware class, models, limits and TLS.
+
+Hardware classes set a GPU's relative speed and KV-cache size; a model may be
+listed with versions (``demo-llm@2``). ``parse_gpu`` reads one entry of a
+zone's ``gpus`` (``common.config.topology``), every bad value a ``ConfigError``
+naming its key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from common.config.access import GpuTls, parse_gpu_tls
+from common.config.node import (
+    ConfigError,
+    ConfigNode,
+    Endpoint,
+    parse_endpoint,
+    require_positive,
+)
+
+# Relative speed of each hardware class, A100 = 1.0 (DESIGN.md: H100 ~ 2x A100,
+# A100 ~ 1.7x V100).
+HARDWARE_SPEED: Mapping[str, float] = {"V100": 0.6, "A100": 1.0, "H100": 2.0, "H200": 2.3}
+# KV-cache capacity in tokens of a typical 7-13B model on each class's memory.
+HARDWARE_KV_TOKENS: Mapping[str, int] = {
+    "V100": 16_384,
+    "A100": 65_536,
+    "H100": 81_920,
+    "H200": 131_072,
+}
+
+
+DEFAULT_VERSIONS = frozenset({"1"})
+
+
+@dataclass(frozen=True)
+class GpuConfig:
+    """One GPU inference server (a V2 endpoint) behind a local tier."""
+
+    name: str
+    endpoint: Endpoint
+    metrics_endpoint: Endpoint
+    hardware: str
+    models: tuple[str, ...]
+    throttle: float = 1.0
+    max_concurrency: int = 16
+    kv_cache_tokens: int = 65_536
+    # Versions served per model; a model listed without "@version" serves version "1".
+    versions: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # The local tier dials it with TLS (None: plaintext, the default).
+    tls: GpuTls | None = None
+
+    def serves(self, model: str, version: str = "") -> bool:
+        """True when this GPU serves ``model`` (at ``version``, when one is asked for)."""
+        if model not in self.models:
+            return False
+        return not version or version in self.versions.get(model, DEFAULT_VERSIONS)
+
+    @property
+    def speed(self) -> float:
+        """Effective speed relative to an A100: hardware class times throttle."""
+        return HARDWARE_SPEED[self.hardware] * self.throttle
+
+
+def parse_gpu(node: ConfigNode) -> GpuConfig:
+    """One entry of a zone's ``gpus``."""
+    hardware = node.get("hardware", kind=str)
+    if hardware not in HARDWARE_SPEED:
+        raise ConfigError(
+            f"{node.key_path('hardware')}: unknown hardware class {hardware!r}; "
+            f"known: {sorted(HARDWARE_SPEED)}"
+        )
+    entries = node.get("models", kind=list)
+    if not entries or not all(isinstance(m, str) and m and not m.startswith("@") for m in entries):
+        raise ConfigError(
+            f"{node.key_path('models')}: expected a non-empty list of model names "
+            "('name' or 'name@version')"
+        )
+    versions: dict[str, set[str]] = {}
+    for entry in entries:
+        name, _, version = entry.partition("@")
+        versions.setdefault(name, set()).add(version or "1")
+    models = list(versions)
+    throttle = node.get("throttle", 1.0, kind=float)
+    if not 0 < throttle <= 1:
+        raise ConfigError(f"{node.key_path('throttle')}: must be in (0, 1], got {throttle}")
+    max_concurrency = node.get("max_concurrency", 16, kind=int)
+    require_positive(node, "max_concurrency", max_concurrency)
+    kv_tokens = node.get("kv_cache_tokens", HARDWARE_KV_TOKENS[hardware], kind=int)
+    require_positive(node, "kv_cache_tokens", kv_tokens)
+    gpu = GpuConfig(
+        name=node.get("name", kind=str),
+        endpoint=parse_endpoint(node.get("listen"), node.key_path("listen")),
+        metrics_endpoint=parse_endpoint(
+            node.get("metrics_listen", "127.0.0.1:0"), node.key_path("metrics_listen")
+        ),
+        hardware=hardware,
+        models=tuple(models),
+        throttle=throttle,
+        max_concurrency=max_concurrency,
+        kv_cache_tokens=kv_tokens,
+        versions={m: frozenset(v) for m, v in versions.items()},
+        tls=parse_gpu_tls(node),
+    )
+    node.done()
+    return gpu
