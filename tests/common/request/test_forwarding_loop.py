@@ -15,17 +15,14 @@ from typing import Any
 import grpc
 import pytest
 
-from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.request.balancer import RankingBalancer
-from common.request.children import Child, ChildSet
-from common.request.forwarding import Forwarder, ForwardingPolicy
-from common.request.pick import PickRequest
-from common.request.proxy import InferenceProxy, TierSpec
+from common.request.children import ChildSet
+from common.request.forwarding import ForwardingPolicy
+from common.request.proxy import TierSpec
 from common.request.routing import ROUTE
-from common.request.server import V2Server
 from common.request.v2 import generate_request, response_text, text_response
+from tests.common.request.front import proxy_over
 
 MODEL = "demo-llm"
 
@@ -68,13 +65,6 @@ class ChildServer(pb_grpc.GRPCInferenceServiceServicer):
                 )
 
 
-class InOrder:
-    """Ranks the children by name: the tests decide who is tried first."""
-
-    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
-        return sorted(children, key=lambda c: c.name)
-
-
 @dataclass
 class Rig:
     stub: pb_grpc.GRPCInferenceServiceStub
@@ -86,36 +76,11 @@ class Rig:
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
     first, second = ChildServer("a"), ChildServer("b")
-    servers = [V2Server(s, Endpoint("127.0.0.1", 0)) for s in (first, second)]
-    for server in servers:
-        await server.start()
-    children = ChildSet(
-        [
-            Child(s.name, Endpoint("127.0.0.1", server.port), frozenset({MODEL}))
-            for s, server in zip((first, second), servers, strict=True)
-        ],
-        probe_interval_s=1,
-        summary_ttl_s=1,
-        probe=False,
-    )
-    balancer = RankingBalancer(InOrder(), children)
     spec = TierSpec(tier="regional", trust_internal=True, resolve_origin=lambda hints: None)
-    forwarder = Forwarder(ForwardingPolicy(kind="zone", route_prefix="r"), balancer)
-    proxy = InferenceProxy(spec, children, balancer, forwarder)
-    front = V2Server(proxy, Endpoint("127.0.0.1", 0))
-    await children.start()
-    await front.start()
-    channel = grpc.aio.insecure_channel(front.address)
-    try:
-        yield Rig(pb_grpc.GRPCInferenceServiceStub(channel), first, second, children)
-    finally:
-        await channel.close()
-        await front.stop(0)
-        await children.stop()
-        for server in servers:
-            await server.stop(0)
-    # Every lease went back, whatever the test did.
-    assert [c.outstanding_requests for c in children] == [0, 0]
+    policy = ForwardingPolicy(kind="zone", route_prefix="r")
+    named = [("a", first), ("b", second)]
+    async with proxy_over(named, model=MODEL, spec=spec, policy=policy) as f:
+        yield Rig(f.stub, first, second, f.children)
 
 
 async def test_unary_answer_carries_the_route_of_the_child_that_answered(rig: Rig) -> None:

@@ -18,18 +18,16 @@ import grpc
 import pytest
 
 from common.config.liveness import PerTryTimeout
-from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.request.balancer import RankingBalancer
-from common.request.children import Child, ChildSet
-from common.request.forwarding import Forwarder, ForwardingPolicy
+from common.request.children import Child
+from common.request.forwarding import ForwardingPolicy
 from common.request.per_try import PerTryExpired, within_per_try
 from common.request.pick import PickRequest
-from common.request.proxy import InferenceProxy, TierSpec
+from common.request.proxy import TierSpec
 from common.request.routing import ROUTE
-from common.request.server import V2Server
 from common.request.v2 import generate_request, response_text, text_response
+from tests.common.request.front import proxy_over
 
 MODEL = "demo-llm"
 # 0.3 s for any request: the floor, and a negligible share per token.
@@ -86,35 +84,11 @@ class Rig:
 @pytest.fixture
 async def rig() -> AsyncIterator[Rig]:
     first, second = Stalling("a", stall_s=5.0), Stalling("b")
-    servers = [V2Server(s, Endpoint("127.0.0.1", 0)) for s in (first, second)]
-    for server in servers:
-        await server.start()
-    children = ChildSet(
-        [
-            Child(s.name, Endpoint("127.0.0.1", server.port), frozenset({MODEL}))
-            for s, server in zip((first, second), servers, strict=True)
-        ],
-        probe_interval_s=1,
-        summary_ttl_s=1,
-        probe=False,
-    )
-    balancer = RankingBalancer(InOrder(), children)
     spec = TierSpec(tier="regional", trust_internal=True, resolve_origin=lambda hints: None)
     policy = ForwardingPolicy(kind="zone", route_prefix="r", per_try=PER_TRY)
-    forwarder = Forwarder(policy, balancer)
-    front = V2Server(InferenceProxy(spec, children, balancer, forwarder), Endpoint("127.0.0.1", 0))
-    await children.start()
-    await front.start()
-    channel = grpc.aio.insecure_channel(front.address)
-    try:
-        yield Rig(pb_grpc.GRPCInferenceServiceStub(channel), first, second)
-    finally:
-        await channel.close()
-        await front.stop(0)
-        await children.stop()
-        for server in servers:
-            await server.stop(0)
-    assert [c.outstanding_requests for c in children] == [0, 0]  # every lease went back
+    named = [("a", first), ("b", second)]
+    async with proxy_over(named, model=MODEL, spec=spec, policy=policy) as f:
+        yield Rig(f.stub, first, second)
 
 
 async def test_a_unary_attempt_that_stalls_is_cancelled_and_moves_on(rig: Rig) -> None:

@@ -28,7 +28,8 @@ from common.request.forwarding import Forwarder, ForwardingPolicy
 from common.request.proxy import InferenceProxy, TierSpec
 from common.request.server import V2Server
 from common.request.v2 import generate_request, response_text, text_response
-from tests.common.request.test_forwarding_loop import MODEL, InOrder
+from tests.common.request.front import InOrder
+from tests.common.request.test_forwarding_loop import MODEL
 
 
 @dataclass

@@ -15,16 +15,13 @@ import grpc
 import pytest
 
 from common.basics.errors import RETRY_AFTER_MS, TENANT_QUOTA, RouteError
-from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.request.balancer import RankingBalancer
-from common.request.children import Child, ChildSet
-from common.request.forwarding import Forwarder, ForwardingPolicy
-from common.request.proxy import InferenceProxy, TierSpec
-from common.request.server import V2Server
+from common.request.forwarding import ForwardingPolicy
+from common.request.proxy import TierSpec
 from common.request.v2 import generate_request, response_text, text_response
-from tests.common.request.test_forwarding_loop import MODEL, InOrder
+from tests.common.request.front import proxy_over
+from tests.common.request.test_forwarding_loop import MODEL
 
 
 @dataclass
@@ -63,34 +60,11 @@ class Pair:
 @pytest.fixture
 async def pair() -> AsyncIterator[Pair]:
     first, second = Refusing("a"), Refusing("b")
-    servers = [V2Server(s, Endpoint("127.0.0.1", 0)) for s in (first, second)]
-    for server in servers:
-        await server.start()
-    children = ChildSet(
-        [
-            Child(s.name, Endpoint("127.0.0.1", server.port), frozenset({MODEL}))
-            for s, server in zip((first, second), servers, strict=True)
-        ],
-        probe_interval_s=1,
-        summary_ttl_s=1,
-        probe=False,
-    )
-    balancer = RankingBalancer(InOrder(), children)
     spec = TierSpec(tier="global", trust_internal=False, resolve_origin=lambda hints: None)
-    forwarder = Forwarder(ForwardingPolicy(kind="region"), balancer)
-    front = V2Server(InferenceProxy(spec, children, balancer, forwarder), Endpoint("127.0.0.1", 0))
-    await children.start()
-    await front.start()
-    channel = grpc.aio.insecure_channel(front.address)
-    try:
-        yield Pair(pb_grpc.GRPCInferenceServiceStub(channel), first, second)
-    finally:
-        await channel.close()
-        await front.stop(0)
-        await children.stop()
-        for server in servers:
-            await server.stop(0)
-    assert [c.outstanding_requests for c in children] == [0, 0]
+    policy = ForwardingPolicy(kind="region")
+    named = [("a", first), ("b", second)]
+    async with proxy_over(named, model=MODEL, spec=spec, policy=policy) as f:
+        yield Pair(f.stub, first, second)
 
 
 OVER_QUOTA = RouteError.over_quota("tenant 'acme' has 4 requests in flight", 100, "max_concurrent")

@@ -23,7 +23,8 @@ from common.request.v2 import generate_request, response_text
 from common.tenancy.admission import edge_admission
 from common.tenancy.auth import hash_key
 from common.tier.server import TierServer
-from tests.common.request.test_forwarding_loop import MODEL, ChildServer, InOrder
+from tests.common.request.front import InOrder
+from tests.common.request.test_forwarding_loop import MODEL, ChildServer
 from tests.common.tenancy.test_admission import records_with
 
 ACME = TenantConfig(id="acme", key_hashes=frozenset({hash_key("mk_acme")}))
