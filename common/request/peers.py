@@ -49,12 +49,16 @@ def caller_uris(context: grpc.aio.ServicerContext) -> list[str]:
 
 class ParentOnly(grpc.aio.ServerInterceptor):
     """Serves only ``parent``: any other caller gets PERMISSION_DENIED (see the module
-    docstring); health and reflection stay open."""
+    docstring); health and reflection stay open. Install it last among a server's
+    interceptors: it keeps the handler it built for each method."""
 
     def __init__(self, me: Identity, parent: Identity) -> None:
         self.me = me
         self.parent = parent
         self._parent_uri = [parent.uri.encode()]
+        # One guarded handler per method, built at its first call, not at every call:
+        # safe because this is the last interceptor (below it, only the method lookup).
+        self._guarded_by_method: dict[str, grpc.RpcMethodHandler] = {}
 
     def refusal(self, context: grpc.aio.ServicerContext) -> str | None:
         """None when the caller is the parent, else why it is refused."""
@@ -78,11 +82,16 @@ class ParentOnly(grpc.aio.ServerInterceptor):
         continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        guarded = self._guarded_by_method.get(method)
+        if guarded is not None:
+            return guarded
         handler = await continuation(handler_call_details)
-        service = handler_call_details.method.lstrip("/").partition("/")[0]
+        service = method.lstrip("/").partition("/")[0]
         if handler is None or service in OPEN_SERVICES:
             return handler
-        return self._guarded(handler)
+        guarded = self._guarded_by_method[method] = self._guarded(handler)
+        return guarded
 
     def _guarded(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """``handler`` with the parent check before its behaviour, whatever its kind."""
