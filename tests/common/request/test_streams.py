@@ -220,6 +220,9 @@ async def test_a_refused_or_failed_stream_gives_its_count_back(front: Make) -> N
 
 async def test_the_edge_caps_calls_per_connection(front: Make) -> None:
     f = await front(Limits(max_streams_per_connection=2), edge=True)
+    # Connect first: streams opened before the server's SETTINGS arrive are not yet
+    # bound by its limit (and a refused one may be left pending in grpc's client).
+    await f.stub.ServerLive(pb.ServerLiveRequest(), timeout=5)
     f.child.gate.clear()
     calls = [
         f.stub.ModelStreamInfer(
