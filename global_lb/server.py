@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 from common.basics.errors import RouteError
@@ -60,6 +61,18 @@ class ClientOrigin:
         return self.home
 
 
+def region_picker(topology: Topology, rng: random.Random | None = None) -> RegionPicker:
+    """The global tier's picker as ``topology`` configures it (the fleet simulator
+    builds the same one)."""
+    return RegionPicker(
+        topology.global_tier.location,
+        topology.summary_ttl_s,
+        rtt_ms=topology.rtt_ms,
+        failback=SlowStartConfig(window_s=topology.failback_window_s),
+        rng=rng or random.Random(),
+    )
+
+
 def build_global_tier(
     topology: Topology, *, reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
@@ -72,12 +85,7 @@ def build_global_tier(
     reader = summary_reader(
         topology, {region_stream(r.name): r.name for r in topology.regions}, regions
     )
-    picker = RegionPicker(
-        topology.global_tier.location,
-        topology.summary_ttl_s,
-        rtt_ms=topology.rtt_ms,
-        failback=SlowStartConfig(window_s=topology.failback_window_s),
-    )
+    picker = region_picker(topology)
     # The global's ops HTTP also answers for the whole fleet and serves the dashboard.
     fleet_view = FleetView(topology) if topology.global_tier.ops is not None else None
     origin = ClientOrigin(topology)

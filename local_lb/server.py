@@ -73,12 +73,20 @@ def zone_gpus(
 
 
 def zone_summary(
-    view: LocalView, queue: CentralQueue, *, source: str, sequence: int, region: str, zone: str
+    view: LocalView,
+    queue: CentralQueue,
+    *,
+    source: str,
+    sequence: int,
+    region: str,
+    zone: str,
+    now: float | None = None,
 ) -> capacity_pb2.CapacitySummary:
-    """The zone's capacity per model, from this tier's view of its GPUs."""
+    """The zone's capacity per model, from this tier's view of its GPUs; ``now`` is the
+    view's clock (default: the monotonic clock the servers use)."""
     models: dict[str, capacity_pb2.ModelCapacity] = {}
     busy: dict[str, int] = {}
-    now = time.monotonic()
+    now = time.monotonic() if now is None else now
     for gpu in view.gpus:
         sample = view.load.get(gpu.name, now, view.report_max_age_s)
         for model in sorted(gpu.models):

@@ -3,6 +3,7 @@ summaries, publishes the region's."""
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 from common.basics.geo import GeoPoint
@@ -82,6 +83,19 @@ def zone_children(region_cfg: RegionConfig) -> list[Child]:
     ]
 
 
+def zone_picker(
+    topology: Topology, region_cfg: RegionConfig, rng: random.Random | None = None
+) -> ZonePicker:
+    """The regional tier's picker as ``topology`` configures it (the fleet simulator
+    builds the same one)."""
+    return ZonePicker(
+        region_cfg.location,
+        topology.summary_ttl_s,
+        failback=SlowStartConfig(window_s=topology.failback_window_s),
+        rng=rng or random.Random(),
+    )
+
+
 def build_regional_tier(
     topology: Topology, region: str, *, reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
@@ -100,11 +114,7 @@ def build_regional_tier(
         region_stream(region),
         lambda seq: region_summary(zones, source=source, sequence=seq, region=region),
     )
-    picker = ZonePicker(
-        region_cfg.location,
-        topology.summary_ttl_s,
-        failback=SlowStartConfig(window_s=topology.failback_window_s),
-    )
+    picker = zone_picker(topology, region_cfg)
 
     def origin(hints: RouteHints) -> GeoPoint:
         return hints.origin or region_cfg.location
