@@ -35,7 +35,7 @@ from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.policies import picker_factory
 from local_lb.publication import LateBoundCallback
 from local_lb.queue import CentralQueue
-from local_lb.readiness import ReadinessRules
+from local_lb.readiness import ReadinessRules, connection_ready
 from local_lb.state import GpuChild, LocalView
 
 # Work (decode-token equivalents) per second of one A100 at a full batch: the
@@ -157,10 +157,16 @@ def local_balancer(
     children: ChildSet,
     policy: str,
     on_significant_change: Callable[[], None],
+    *,
+    clock: Callable[[], float] = time.monotonic,
+    rng: random.Random | None = None,
+    connected: Callable[[GpuChild], bool] = connection_ready,
 ) -> LocalBalancer:
     """The zone's balancer with the policy named ``policy`` (ConfigError naming the
-    known ones when there is none of that name)."""
-    rng = random.Random()
+    known ones when there is none of that name). The fleet simulator builds the same
+    balancer on its simulated ``clock``, with a seeded ``rng`` and no channels
+    (``connected``)."""
+    rng = rng or random.Random()
     try:
         make = picker_factory(policy, rng)
     except ValueError as exc:
@@ -179,6 +185,8 @@ def local_balancer(
         tenant_headroom=topology.tenant_headroom,
         tenant_weights={t.id: t.weight for t in topology.auth.tenants},
         on_significant_change=on_significant_change,
+        connected=connected,
+        clock=clock,
         rng=rng,
     )
 

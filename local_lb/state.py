@@ -122,25 +122,35 @@ class PrefixIndex:
         return len(self._blocks)
 
     def record(self, hashes: Sequence[int], gpu: str) -> None:
-        """``gpu`` was sent a prompt with these blocks: it now likely caches them."""
+        """``gpu`` was sent a prompt with these blocks: it now likely caches them.
+
+        Runs for every request over up to ``MAX_CARRIED_BLOCKS`` blocks, so the
+        common cases — a block not seen before, a block whose newest holder is
+        already ``gpu`` — take one dict lookup and no list surgery."""
+        blocks, per_gpu, limit = self._blocks, self.blocks_per_gpu, self.holders_per_block
+        added = 0
         for h in hashes:
-            holders = self._blocks.get(h)
+            holders = blocks.get(h)
             if holders is None:
-                holders = self._blocks[h] = []
-            else:
-                self._blocks.move_to_end(h)
+                blocks[h] = [gpu]
+                added += 1
+                continue
+            blocks.move_to_end(h)
+            if holders and holders[0] == gpu:
+                continue
             if gpu in holders:
                 holders.remove(gpu)
             else:
-                self.blocks_per_gpu[gpu] = self.blocks_per_gpu.get(gpu, 0) + 1
+                added += 1
+                if len(holders) >= limit:
+                    per_gpu[holders.pop()] -= 1
             holders.insert(0, gpu)
-            if len(holders) > self.holders_per_block:
-                dropped = holders.pop()
-                self.blocks_per_gpu[dropped] -= 1
-        while len(self._blocks) > self.capacity_blocks:
-            _, holders = self._blocks.popitem(last=False)
-            for name in holders:
-                self.blocks_per_gpu[name] -= 1
+        if added:
+            per_gpu[gpu] = per_gpu.get(gpu, 0) + added
+        while len(blocks) > self.capacity_blocks:
+            _, dropped = blocks.popitem(last=False)
+            for name in dropped:
+                per_gpu[name] -= 1
 
     def matches(self, hashes: Sequence[int], limit: int = 4) -> dict[str, int]:
         """GPUs holding a prefix of ``hashes`` and how many leading blocks each holds.

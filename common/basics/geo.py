@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -19,8 +20,12 @@ class GeoPoint:
     lon: float
 
 
+@functools.lru_cache(maxsize=16_384)
 def great_circle_km(a: GeoPoint, b: GeoPoint) -> float:
-    """Haversine distance between two points, in kilometres."""
+    """Haversine distance between two points, in kilometres.
+
+    Every tier's picker asks it per request and child, and requests come from a
+    bounded set of places (cities, declared regions), so the answers are kept."""
     phi1, phi2 = math.radians(a.lat), math.radians(b.lat)
     dphi = phi2 - phi1
     dlmb = math.radians(b.lon - a.lon)

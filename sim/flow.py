@@ -1,0 +1,242 @@
+"""One request's way through a simulated deployment: global → region → zone → GPU.
+
+At each tier the request is placed as the tier's proxy places it: the tier's
+balancer reserves a child (``acquire``), the child answers, and the balancer
+learns from the ``Outcome`` (``release``) — with the capacity hint the child's
+tier puts on every answer, and at the GPU with the engine's load trailer. A
+failure with one of the tier's failover codes (``UPPER_TIER_FAILOVER`` above the
+local tier, ``LOCAL_FORWARDING_CODES`` at it) is retried on the next child after
+Envoy's jittered back-off, at most ``max_attempts`` times per tier, as
+``common.request.forwarding.Forwarder`` does; the retry budget and per-try
+timeouts are left out (no scenario here hangs a GPU). Network time is not
+simulated as waiting: the request's RTT to the region that serves it is added
+to the latencies it reports, which is all it changes for a unary request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Protocol
+
+import grpc
+
+from common.basics.backoff import backoff_delay_s
+from common.basics.errors import RouteError
+from common.basics.geo import GeoPoint, rtt_estimate_ms
+from common.request.balancer import Balancer, Outcome
+from common.request.forwarding import UPPER_TIER_FAILOVER
+from common.request.pick import PickRequest
+from common.request.prefix import MAX_CARRIED_BLOCKS
+from local_lb.load_book import LOAD_TRAILER
+from local_lb.server import LOCAL_FORWARDING_CODES
+from sim.deployment import SimDeployment, SimRegion, SimZone
+from sim.gpu_model import GpuFailed, GpuRefused, SimGpu, SimJob
+from sim.requests import SimRequest
+
+MAX_ATTEMPTS = 3
+OK = grpc.StatusCode.OK
+Trailers = tuple[tuple[str, str], ...]
+
+
+class Recorder(Protocol):
+    """What the flow reports to (``sim.measure.Recorder``)."""
+
+    def served(
+        self,
+        req: SimRequest,
+        *,
+        region: str,
+        zone: str,
+        gpu: str,
+        home_region: str,
+        rtt_ms: float,
+        ttft_s: float,
+        e2e_s: float,
+        cached_tokens: int,
+        attempts: int,
+    ) -> None: ...
+
+    def failed(
+        self, req: SimRequest, *, code: str, home_region: str, elapsed_s: float, attempts: int
+    ) -> None: ...
+
+
+@dataclass(slots=True)
+class _Served:
+    """The request's whole prompt blocks going down; what the tiers report back up."""
+
+    blocks: tuple[int, ...] = ()
+    zone: str = ""
+    gpu: str = ""
+    job: SimJob | None = None
+    attempts: int = 0
+
+
+Below = Callable[[str, PickRequest, "_Served"], Awaitable[Trailers]]
+
+
+class _TierError(Exception):
+    """A tier's answer other than OK, with the trailers it carried."""
+
+    def __init__(self, code: grpc.StatusCode, detail: str, trailers: Trailers = ()) -> None:
+        super().__init__(detail)
+        self.code, self.detail, self.trailers = code, detail, trailers
+
+
+class RequestFlow:
+    """Routes ``SimRequest`` through ``deployment`` and tells ``recorder`` how each ended."""
+
+    def __init__(
+        self,
+        deployment: SimDeployment,
+        recorder: Recorder,
+        *,
+        rtt_ms: Callable[[GeoPoint, GeoPoint], float] = rtt_estimate_ms,
+    ) -> None:
+        self.deployment = deployment
+        self.recorder = recorder
+        self.loop = deployment.loop
+        self.rng = random.Random(deployment.rng.getrandbits(64))
+        self._rtt = rtt_ms
+        self._locations = {r.name: r.location for r in deployment.topology.regions}
+        self._home: dict[str, str] = {}
+
+    def rtt_to(self, origin: GeoPoint, region: str) -> float:
+        return self._rtt(origin, self._locations[region])
+
+    def home_region(self, req: SimRequest) -> str:
+        """The region nearest the request's city (cached per city)."""
+        home = self._home.get(req.city)
+        if home is None:
+            home = min(self._locations, key=lambda r: self.rtt_to(req.origin, r))
+            self._home[req.city] = home
+        return home
+
+    async def serve(self, req: SimRequest) -> None:
+        pick = PickRequest(
+            req.model,
+            "",
+            req.origin,
+            req.session,
+            req.priority,
+            req.prompt_tokens,
+            req.output_tokens,
+            req.tenant,
+            prefix_blocks=req.prefix_blocks,
+        )
+        home = self.home_region(req)
+        served = _Served(req.prefix_blocks)
+        try:
+            region = await self._over(
+                self.deployment.global_balancer, pick, served, self._in_region, UPPER_TIER_FAILOVER
+            )
+        except _TierError as err:
+            self.recorder.failed(
+                req,
+                code=err.code.name,
+                home_region=home,
+                elapsed_s=self.loop.time() - req.at_s,
+                attempts=served.attempts,
+            )
+            return
+        job = served.job
+        assert job is not None
+        rtt_s = self.rtt_to(req.origin, region) / 1000.0
+        self.recorder.served(
+            req,
+            region=region,
+            zone=served.zone,
+            gpu=served.gpu,
+            home_region=home,
+            rtt_ms=rtt_s * 1000.0,
+            ttft_s=job.first_token_at - req.at_s + rtt_s,
+            e2e_s=job.finished_at - req.at_s + rtt_s,
+            cached_tokens=job.cached_tokens,
+            attempts=served.attempts,
+        )
+
+    async def _over(
+        self,
+        balancer: Balancer,
+        pick: PickRequest,
+        served: _Served,
+        below: Below,
+        failover: frozenset[grpc.StatusCode],
+    ) -> str:
+        """One tier's forwarding loop: acquire, call ``below``, release, fail over."""
+        tried: list[str] = []
+        error: _TierError | None = None
+        for attempt in range(MAX_ATTEMPTS):
+            if attempt:
+                await asyncio.sleep(backoff_delay_s(attempt, self.rng))
+            try:
+                lease = await balancer.acquire(pick, tried, None)
+            except RouteError as err:
+                if error is not None and err.code == grpc.StatusCode.UNAVAILABLE:
+                    raise error from None  # nothing else to try: the last failure stands
+                raise _TierError(err.code, err.message, tuple(err.trailers)) from None
+            tried.append(lease.child.name)
+            started = self.loop.time()
+            try:
+                trailers = await below(lease.child.name, pick, served)
+            except _TierError as err:
+                balancer.release(
+                    lease,
+                    Outcome(
+                        err.code,
+                        self.loop.time() - started,
+                        trailers=err.trailers,
+                        detail=err.detail,
+                    ),
+                )
+                if err.code not in failover:
+                    raise
+                error = err
+                continue
+            balancer.release(lease, Outcome(OK, self.loop.time() - started, trailers=trailers))
+            return lease.child.name
+        assert error is not None
+        raise error
+
+    async def _in_region(self, name: str, pick: PickRequest, served: _Served) -> Trailers:
+        region: SimRegion = self.deployment.by_region[name]
+        if not region.up:
+            raise _TierError(grpc.StatusCode.UNAVAILABLE, f"region {name} is down")
+        hint = region.publisher.hint_trailers(pick.model)
+        try:
+            await self._over(region.balancer, pick, served, self._in_zone, UPPER_TIER_FAILOVER)
+        except _TierError as err:
+            raise _TierError(err.code, err.detail, hint) from None
+        return hint
+
+    async def _in_zone(self, name: str, pick: PickRequest, served: _Served) -> Trailers:
+        zone: SimZone = self.deployment.zones[name]
+        if not zone.up:
+            raise _TierError(grpc.StatusCode.UNAVAILABLE, f"zone {name} is down")
+        hint = zone.publisher.hint_trailers(pick.model)
+        try:
+            gpu = await self._over(
+                zone.balancer, pick, served, self._on_gpu, LOCAL_FORWARDING_CODES
+            )
+        except _TierError as err:
+            raise _TierError(err.code, err.detail, hint) from None
+        served.zone, served.gpu = name, gpu
+        return hint
+
+    async def _on_gpu(self, name: str, pick: PickRequest, served: _Served) -> Trailers:
+        served.attempts += 1
+        zone = self.deployment.zones_by_gpu[name]
+        gpu: SimGpu = zone.gpus[name]
+        try:
+            job = gpu.submit(pick.prompt_tokens, pick.max_tokens, served.blocks)
+            await job.done
+        except GpuFailed as exc:
+            raise _TierError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
+        except GpuRefused as exc:
+            raise _TierError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        served.job = job
+        load = f"running={gpu.running},waiting={len(gpu.waiting)},kv={gpu.kv_cache_usage:.3f}"
+        return ((LOAD_TRAILER, load),)
