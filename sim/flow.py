@@ -125,7 +125,8 @@ class RequestFlow:
             req.prompt_tokens,
             req.output_tokens,
             req.tenant,
-            prefix_blocks=req.prefix_blocks,
+            # The edge carries only the leading blocks down; the GPU sees the whole prompt.
+            prefix_blocks=req.prefix_blocks[:MAX_CARRIED_BLOCKS],
         )
         home = self.home_region(req)
         served = _Served(req.prefix_blocks)
