@@ -1,0 +1,169 @@
+"""One simulation run: a fleet, a workload, a scenario and one policy, in simulated time.
+
+Every policy of a comparison gets the same arrivals (the workload's stream for
+one seed) and the same fleet events; only the routing differs. A tiered policy
+routes through a ``SimDeployment`` (``sim.flow``); the oracle dispatches over
+the same ``SimGpu`` models directly (``sim.oracle``). Arrivals are fed as they
+fall due, so at most the requests in flight are held in memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+
+from common.basics.geo import GeoPoint, rtt_estimate_ms
+from common.config.topology import Topology
+from sim.capacity import fleet_capacity_rps
+from sim.clock import run_simulated
+from sim.deployment import SimDeployment, SimSettings
+from sim.flow import RequestFlow
+from sim.gpu_model import SimGpu
+from sim.measure import PolicyResult, Recorder, Slo
+from sim.oracle import Oracle, PlacedGpu
+from sim.policies import ORACLE, policy_set
+from sim.requests import SimRequest
+from sim.scenarios import Scenario, apply, target_region
+from sim.workload import Boost, WorkloadSpec, generate, mean_request_shape
+
+Progress = Callable[[int], None]
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What one run simulates; ``requests`` bounds the arrivals."""
+
+    topology: Topology
+    workload: WorkloadSpec
+    scenario: Scenario
+    policy: str
+    requests: int
+    seed: int = 1
+    settings: SimSettings = field(default_factory=SimSettings)
+    slo: Slo = field(default_factory=Slo)
+    warmup_fraction: float = 0.1
+
+
+class Geography:
+    """RTTs from client origins to regions, and each city's home (nearest) region."""
+
+    def __init__(self, topology: Topology) -> None:
+        self.locations = {r.name: r.location for r in topology.regions}
+        self._home: dict[GeoPoint, str] = {}
+
+    def rtt_ms(self, origin: GeoPoint, region: str) -> float:
+        return rtt_estimate_ms(origin, self.locations[region])
+
+    def home(self, origin: GeoPoint) -> str:
+        home = self._home.get(origin)
+        if home is None:
+            home = self._home[origin] = min(self.locations, key=lambda r: self.rtt_ms(origin, r))
+        return home
+
+
+def arrival_rate(spec: RunSpec) -> float:
+    """The scenario's load as requests per second of this fleet and workload."""
+    prompt, output, _ = mean_request_shape(spec.workload)
+    gpus = [g for r in spec.topology.regions for z in r.zones for g in z.gpus]
+    return spec.scenario.load * fleet_capacity_rps(gpus, prompt, output)
+
+
+def scenario_workload(spec: RunSpec, geography: Geography) -> WorkloadSpec:
+    """The workload at the scenario's rate, with its flash crowd or flood as boosts."""
+    rate = arrival_rate(spec)
+    duration = spec.requests / rate
+    boosts: list[Boost] = []
+    crowd, flood = spec.scenario.crowd, spec.scenario.flood
+    if crowd is not None:
+        region = target_region(spec.topology).name
+        cities = frozenset(c.name for c in spec.workload.cities if geography.home(c.location) == region)
+        start = crowd.at * duration
+        boosts.append(Boost(start, start + crowd.seconds, crowd.factor, cities=cities))
+    if flood is not None:
+        start = flood.at * duration
+        tenant = spec.workload.tenants[0].id
+        boosts.append(Boost(start, start + flood.seconds, flood.factor, tenant=tenant))
+    return replace(
+        spec.workload, rate_rps=rate, max_requests=spec.requests, boosts=tuple(boosts),
+        seed=spec.seed,
+    )
+
+
+def run(spec: RunSpec, progress: Progress | None = None) -> PolicyResult:
+    """Simulate ``spec`` to the last request's end; the recorder's result."""
+    return run_simulated(_run(spec, progress))
+
+
+async def _run(spec: RunSpec, progress: Progress | None) -> PolicyResult:
+    loop = asyncio.get_running_loop()
+    geography = Geography(spec.topology)
+    workload = scenario_workload(spec, geography)
+    duration = spec.requests / workload.rate_rps
+    recorder = Recorder(slo=spec.slo, warmup_s=spec.warmup_fraction * duration)
+    deployment: SimDeployment | None = None
+    if spec.policy == ORACLE:
+        gpus = [
+            PlacedGpu(SimGpu(g, loop, time_scale=spec.topology.time_scale), r.name, z.name)
+            for r in spec.topology.regions for z in r.zones for g in z.gpus
+        ]
+        oracle = Oracle(gpus, geography.rtt_ms, recorder, geography.home)
+        serve: Callable[[SimRequest], object] = oracle.serve
+        sim_gpus = [p.gpu for p in gpus]
+    else:
+        deployment = SimDeployment(
+            spec.topology, policy_set(spec.policy), loop,
+            replace(spec.settings, seed=spec.seed),
+        )
+        flow = RequestFlow(deployment, recorder, rtt_ms=rtt_estimate_ms)
+        deployment.start()
+        serve = flow.serve
+        sim_gpus = deployment.gpus
+    events = _schedule_events(spec, duration, sim_gpus, deployment, loop)
+    await _feed(generate(workload), serve, loop, progress)
+    if deployment is not None:
+        deployment.stop()
+    return recorder.finish(sim_gpus, duration_s=loop.time(), events=events)
+
+
+def _schedule_events(
+    spec: RunSpec,
+    duration: float,
+    gpus: list[SimGpu],
+    deployment: SimDeployment | None,
+    loop: asyncio.AbstractEventLoop,
+) -> list[tuple[float, str]]:
+    rng = random.Random(spec.seed ^ 0x5EED)
+    out = []
+    for event in spec.scenario.events:
+        at = event.at * duration
+        loop.call_at(at, apply, event, spec.topology, gpus, deployment, rng)
+        out.append((at, event.label(spec.topology)))
+    crowd, flood = spec.scenario.crowd, spec.scenario.flood
+    if crowd is not None:
+        out.append((crowd.at * duration, f"flash crowd {crowd.factor:g}x"))
+    if flood is not None:
+        out.append((flood.at * duration, f"tenant flood {flood.factor:g}x"))
+    return out
+
+
+async def _feed(
+    requests: Iterator[SimRequest],
+    serve: Callable[[SimRequest], object],
+    loop: asyncio.AbstractEventLoop,
+    progress: Progress | None,
+) -> None:
+    """Start each request when it falls due; return when every one has ended."""
+    pending: set[asyncio.Task[None]] = set()
+    for n, req in enumerate(requests, 1):
+        delay = req.at_s - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        task = loop.create_task(serve(req))  # type: ignore[arg-type]
+        pending.add(task)
+        task.add_done_callback(pending.discard)
+        if progress is not None and n % 1000 == 0:
+            progress(n)
+    while pending:
+        await asyncio.gather(*list(pending))
