@@ -21,7 +21,9 @@ from sim.engine import PREFILL_S_PER_TOKEN, step_cost_s
 
 def gpu_capacity_rps(gpu: GpuConfig, mean_prompt: float, mean_output: float) -> float:
     """Requests per second ``gpu`` finishes when always full of mean-sized requests."""
-    batch = max(1, min(gpu.max_concurrency, int(gpu.kv_cache_tokens // (mean_prompt + mean_output))))
+    batch = max(
+        1, min(gpu.max_concurrency, int(gpu.kv_cache_tokens // (mean_prompt + mean_output)))
+    )
     per_request_s = mean_output * step_cost_s(batch, 0) / batch + mean_prompt * PREFILL_S_PER_TOKEN
     return gpu.speed / per_request_s
 

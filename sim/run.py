@@ -78,7 +78,9 @@ def scenario_workload(spec: RunSpec, geography: Geography) -> WorkloadSpec:
     crowd, flood = spec.scenario.crowd, spec.scenario.flood
     if crowd is not None:
         region = target_region(spec.topology).name
-        cities = frozenset(c.name for c in spec.workload.cities if geography.home(c.location) == region)
+        cities = frozenset(
+            c.name for c in spec.workload.cities if geography.home(c.location) == region
+        )
         start = crowd.at * duration
         boosts.append(Boost(start, start + crowd.seconds, crowd.factor, cities=cities))
     if flood is not None:
@@ -86,7 +88,10 @@ def scenario_workload(spec: RunSpec, geography: Geography) -> WorkloadSpec:
         tenant = spec.workload.tenants[0].id
         boosts.append(Boost(start, start + flood.seconds, flood.factor, tenant=tenant))
     return replace(
-        spec.workload, rate_rps=rate, max_requests=spec.requests, boosts=tuple(boosts),
+        spec.workload,
+        rate_rps=rate,
+        max_requests=spec.requests,
+        boosts=tuple(boosts),
         seed=spec.seed,
     )
 
@@ -106,14 +111,18 @@ async def _run(spec: RunSpec, progress: Progress | None) -> PolicyResult:
     if spec.policy == ORACLE:
         gpus = [
             PlacedGpu(SimGpu(g, loop, time_scale=spec.topology.time_scale), r.name, z.name)
-            for r in spec.topology.regions for z in r.zones for g in z.gpus
+            for r in spec.topology.regions
+            for z in r.zones
+            for g in z.gpus
         ]
         oracle = Oracle(gpus, geography.rtt_ms, recorder, geography.home)
         serve: Callable[[SimRequest], object] = oracle.serve
         sim_gpus = [p.gpu for p in gpus]
     else:
         deployment = SimDeployment(
-            spec.topology, policy_set(spec.policy), loop,
+            spec.topology,
+            policy_set(spec.policy),
+            loop,
             replace(spec.settings, seed=spec.seed),
         )
         flow = RequestFlow(deployment, recorder, rtt_ms=rtt_estimate_ms)
