@@ -11,8 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from common.basics.geo import GeoPoint, rtt_estimate_ms
 from common.config.topology import Topology
@@ -29,6 +30,7 @@ from sim.scenarios import Scenario, apply, target_region
 from sim.workload import Boost, WorkloadSpec, generate, mean_request_shape
 
 Progress = Callable[[int], None]
+Serve = Callable[[SimRequest], Coroutine[Any, Any, None]]
 
 
 @dataclass(frozen=True)
@@ -116,7 +118,7 @@ async def _run(spec: RunSpec, progress: Progress | None) -> PolicyResult:
             for g in z.gpus
         ]
         oracle = Oracle(gpus, geography.rtt_ms, recorder, geography.home)
-        serve: Callable[[SimRequest], object] = oracle.serve
+        serve: Serve = oracle.serve
         sim_gpus = [p.gpu for p in gpus]
     else:
         deployment = SimDeployment(
@@ -159,7 +161,7 @@ def _schedule_events(
 
 async def _feed(
     requests: Iterator[SimRequest],
-    serve: Callable[[SimRequest], object],
+    serve: Serve,
     loop: asyncio.AbstractEventLoop,
     progress: Progress | None,
 ) -> None:
@@ -169,7 +171,7 @@ async def _feed(
         delay = req.at_s - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
-        task = loop.create_task(serve(req))  # type: ignore[arg-type]
+        task = loop.create_task(serve(req))
         pending.add(task)
         task.add_done_callback(pending.discard)
         if progress is not None and n % 1000 == 0:
