@@ -8,6 +8,7 @@ meridian worker   --config topology.yaml --region eu-west --zone eu-west-1a
 meridian loadgen  --target 127.0.0.1:8001 --requests 200
 meridian top      [--ops http://127.0.0.1:8002] [--once]
 meridian admin    list | drain NAME | undrain NAME | weight GPU W | reload
+meridian sim      fleet --gpus 1024 --regions 6 | run [--quick] (see meridian sim --help)
 """
 
 from __future__ import annotations
@@ -206,6 +207,10 @@ def build_parser() -> argparse.ArgumentParser:
     usage.add_argument("rest", nargs=argparse.REMAINDER)
     admin = sub.add_parser("admin", help="list, drain, weight, reload (Admin API)", add_help=False)
     admin.add_argument("rest", nargs=argparse.REMAINDER)
+    simulate = sub.add_parser(
+        "sim", help="write a fleet topology, or simulate routing policies on it", add_help=False
+    )
+    simulate.add_argument("rest", nargs=argparse.REMAINDER)
     from cli.top import add_parser as add_top_parser
 
     add_top_parser(sub)
@@ -239,6 +244,10 @@ def main(argv: list[str] | None = None) -> None:
         from cli.admin import admin_main
 
         raise SystemExit(admin_main(argv[1:]))
+    if argv[:1] == ["sim"]:
+        from cli.sim import sim_main
+
+        raise SystemExit(sim_main(argv[1:]))
     args = build_parser().parse_args(argv)
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

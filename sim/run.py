@@ -10,9 +10,11 @@ fall due, so at most the requests in flight are held in memory.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import random
 from collections.abc import Callable, Coroutine, Iterator
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 from common.basics.geo import GeoPoint, rtt_estimate_ms
@@ -27,6 +29,7 @@ from sim.oracle import Oracle, PlacedGpu
 from sim.policies import ORACLE, policy_set
 from sim.requests import SimRequest
 from sim.scenarios import Scenario, apply, target_region
+from sim.trace_csv import read_trace
 from sim.workload import Boost, WorkloadSpec, generate, mean_request_shape
 
 Progress = Callable[[int], None]
@@ -46,6 +49,8 @@ class RunSpec:
     settings: SimSettings = field(default_factory=SimSettings)
     slo: Slo = field(default_factory=Slo)
     warmup_fraction: float = 0.1
+    # A CSV trace to replay instead of the workload's arrivals (its own times and rate).
+    trace: Path | None = None
 
 
 class Geography:
@@ -100,14 +105,33 @@ def scenario_workload(spec: RunSpec, geography: Geography) -> WorkloadSpec:
 
 def run(spec: RunSpec, progress: Progress | None = None) -> PolicyResult:
     """Simulate ``spec`` to the last request's end; the recorder's result."""
+    return run_with_events(spec, progress)[0]
+
+
+def run_with_events(
+    spec: RunSpec, progress: Progress | None = None
+) -> tuple[PolicyResult, list[tuple[float, str]]]:
+    """``run``, and the scenario's events as (simulated time, label)."""
     return run_simulated(_run(spec, progress))
 
 
-async def _run(spec: RunSpec, progress: Progress | None) -> PolicyResult:
+def _arrivals(spec: RunSpec, geography: Geography) -> tuple[Iterator[SimRequest], float]:
+    """The requests to feed and the simulated time they span."""
+    if spec.trace is not None:
+        replay = list(itertools.islice(read_trace(spec.trace, seed=spec.seed), spec.requests))
+        if not replay:
+            raise ValueError(f"{spec.trace}: the trace holds no request")
+        return iter(replay), max(replay[-1].at_s, 1e-3)
+    workload = scenario_workload(spec, geography)
+    return generate(workload), spec.requests / workload.rate_rps
+
+
+async def _run(
+    spec: RunSpec, progress: Progress | None
+) -> tuple[PolicyResult, list[tuple[float, str]]]:
     loop = asyncio.get_running_loop()
     geography = Geography(spec.topology)
-    workload = scenario_workload(spec, geography)
-    duration = spec.requests / workload.rate_rps
+    arrivals, duration = _arrivals(spec, geography)
     recorder = Recorder(slo=spec.slo, warmup_s=spec.warmup_fraction * duration)
     deployment: SimDeployment | None = None
     if spec.policy == ORACLE:
@@ -132,10 +156,10 @@ async def _run(spec: RunSpec, progress: Progress | None) -> PolicyResult:
         serve = flow.serve
         sim_gpus = deployment.gpus
     events = _schedule_events(spec, duration, sim_gpus, deployment, loop)
-    await _feed(generate(workload), serve, loop, progress)
+    await _feed(arrivals, serve, loop, progress)
     if deployment is not None:
         deployment.stop()
-    return recorder.finish(sim_gpus, duration_s=loop.time(), events=events)
+    return recorder.finish(sim_gpus, duration_s=loop.time(), events=events), events
 
 
 def _schedule_events(

@@ -1,0 +1,254 @@
+"""``meridian sim``: write a fleet topology, or simulate policies on a fleet in simulated time.
+
+meridian sim fleet --gpus 1024 --regions 6 [--seed 1] [--out fleet.yaml]
+meridian sim run [--fleet fleet.yaml | --gpus 1024 --regions 6] [--workload conversation]
+                 [--scenarios steady-90,flash-crowd] [--policies meridian,round_robin,oracle]
+                 [--requests 200000] [--seed 1] [--jobs 2] [--out bench/results/fleet] [--quick]
+
+Every policy of a run sees the same arrivals and the same failures. Runs go to
+``--jobs`` worker processes (one simulation per process at a time); results are
+written as JSON, Markdown and PNG plots to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from dataclasses import replace
+from pathlib import Path
+from typing import Any, TextIO
+
+from common.config.node import ConfigError
+from common.config.topology import Topology, load_topology, topology_from_mapping
+
+QUICK = {"gpus": 48, "regions": 3, "requests": 2500}
+DEFAULT_OUT = "bench/results/fleet"
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="meridian sim",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    sub = parser.add_subparsers(dest="action", required=True)
+    fleet = sub.add_parser("fleet", help="write a fleet topology YAML")
+    _fleet_options(fleet)
+    fleet.add_argument("--out", help="where to write it (default: standard output)")
+    run = sub.add_parser("run", help="simulate policies on a fleet and write the results")
+    _fleet_options(run)
+    run.add_argument("--fleet", help="a topology YAML to simulate instead of a generated fleet")
+    run.add_argument(
+        "--workload",
+        default="conversation",
+        help="conversation, code, or a CSV trace in the Azure format (default: conversation)",
+    )
+    run.add_argument("--scenarios", default="all", help="comma-separated names, or 'all'")
+    run.add_argument("--policies", default="all", help="comma-separated names, or 'all'")
+    run.add_argument("--requests", type=int, default=200_000, help="arrivals per run")
+    run.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
+    run.add_argument("--out", default=DEFAULT_OUT, help=f"results directory ({DEFAULT_OUT})")
+    run.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO in seconds (2.0)")
+    run.add_argument("--slo-e2e", type=float, default=20.0, help="end-to-end SLO in seconds (20)")
+    run.add_argument(
+        "--propagation-ms",
+        type=float,
+        default=50.0,
+        help="delay from a summary's publication to its reader (50 ms)",
+    )
+    run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
+    run.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"a small preset for tests: {QUICK['gpus']} GPUs, {QUICK['regions']} regions, "
+        f"{QUICK['requests']} requests per run",
+    )
+    return parser
+
+
+def _fleet_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--gpus", type=int, default=1024, help="GPUs in the fleet (1024)")
+    p.add_argument("--regions", type=int, default=6, help="cloud regions (6)")
+    p.add_argument("--seed", type=int, default=1, help="random seed (1)")
+
+
+def sim_main(argv: list[str], out: TextIO = sys.stdout) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.action == "fleet":
+            return _fleet(args, out)
+        return _run(args, out)
+    except (ValueError, ConfigError) as exc:
+        print(f"meridian sim: {exc}", file=sys.stderr)
+        return 2
+
+
+def _fleet(args: argparse.Namespace, out: TextIO) -> int:
+    from sim.fleet_gen import fleet_mapping, write_fleet
+
+    mapping = fleet_mapping(gpus=args.gpus, regions=args.regions, seed=args.seed)
+    if args.out:
+        write_fleet(Path(args.out), mapping)
+        print(f"wrote {args.out}: {args.gpus} GPUs in {args.regions} regions", file=out)
+    else:
+        import yaml
+
+        out.write(yaml.safe_dump(mapping, sort_keys=False))
+    return 0
+
+
+def _topology(args: argparse.Namespace) -> Topology:
+    if args.fleet:
+        topology = load_topology(args.fleet)
+    else:
+        from sim.fleet_gen import fleet_mapping
+
+        topology = topology_from_mapping(
+            fleet_mapping(gpus=args.gpus, regions=args.regions, seed=args.seed)
+        )
+    if not any(z.gpus for r in topology.regions for z in r.zones):
+        raise ValueError("the fleet has no GPUs: give every zone at least one")
+    return topology
+
+
+def _names(text: str, known: list[str], what: str) -> list[str]:
+    if text == "all":
+        return known
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in known]
+    if unknown or not names:
+        raise ValueError(f"--{what}: unknown {what} {unknown or text!r}; known: {', '.join(known)}")
+    return names
+
+
+def _run(args: argparse.Namespace, out: TextIO) -> int:
+    from sim.deployment import SimSettings
+    from sim.measure import Slo
+    from sim.policies import ORACLE, POLICY_SETS
+    from sim.report import RunResults, ScenarioResult, write_results
+    from sim.run import RunSpec
+    from sim.scenarios import SCENARIOS
+
+    if args.quick:
+        args.gpus, args.regions, args.requests = QUICK["gpus"], QUICK["regions"], QUICK["requests"]
+    if args.requests < 1:
+        raise ValueError(f"--requests must be at least 1, got {args.requests}")
+    if args.jobs < 1:
+        raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
+    policies = _names(args.policies, [*POLICY_SETS, ORACLE], "policies")
+    scenarios = [
+        s
+        for s in SCENARIOS
+        if s.name in _names(args.scenarios, [s.name for s in SCENARIOS], "scenarios")
+    ]
+    topology = _topology(args)
+    workload, trace = _workload(args.workload, args.seed)
+    base = RunSpec(
+        topology=topology,
+        workload=workload,
+        scenario=scenarios[0],
+        policy=policies[0],
+        requests=args.requests,
+        seed=args.seed,
+        trace=trace,
+        settings=SimSettings(propagation_s=args.propagation_ms / 1000.0),
+        slo=Slo(ttft_s=args.slo_ttft, e2e_s=args.slo_e2e),
+    )
+    specs = [replace(base, scenario=s, policy=p) for s in scenarios for p in policies]
+    started = time.monotonic()
+    results = _simulate(specs, args.jobs, out)
+    run = RunResults(
+        meta=_meta(args, topology, policies, time.monotonic() - started),
+        scenarios=[
+            ScenarioResult(
+                name=s.name,
+                description=s.description,
+                load=s.load,
+                events=results[(s.name, policies[0])][1],
+                policies={p: results[(s.name, p)][0] for p in policies},
+            )
+            for s in scenarios
+        ],
+    )
+    for path in write_results(Path(args.out), run, plots=not args.no_plots):
+        print(f"wrote {path}", file=out)
+    return 0
+
+
+def _workload(name: str, seed: int) -> tuple[Any, Path | None]:
+    from sim.shapes import CODE, CONVERSATION
+    from sim.workload import WorkloadSpec
+
+    shapes = {"conversation": CONVERSATION, "code": CODE}
+    if name in shapes:
+        return WorkloadSpec(shape=shapes[name], seed=seed), None
+    path = Path(name)
+    if path.suffix.lower() != ".csv" or not path.is_file():
+        raise ValueError(f"--workload: {name!r} is neither conversation, code nor a CSV file")
+    return WorkloadSpec(seed=seed), path
+
+
+def _simulate(specs: list[Any], jobs: int, out: TextIO) -> dict[tuple[str, str], Any]:
+    """Run every spec, ``jobs`` at a time; a progress bar on a terminal, lines otherwise."""
+    from sim.run import run_with_events
+
+    results: dict[tuple[str, str], Any] = {}
+    bar = _Progress(len(specs), out)
+    if jobs == 1:
+        for spec in specs:
+            results[(spec.scenario.name, spec.policy)] = run_with_events(spec)
+            bar.done(f"{spec.scenario.name} / {spec.policy}")
+        return results
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(run_with_events, s): s for s in specs}
+        for future in as_completed(futures):
+            spec = futures[future]
+            results[(spec.scenario.name, spec.policy)] = future.result()
+            bar.done(f"{spec.scenario.name} / {spec.policy}")
+    return results
+
+
+class _Progress:
+    """A bar redrawn in place on a terminal; one line per finished run otherwise."""
+
+    def __init__(self, total: int, out: TextIO) -> None:
+        self.total, self.out, self.n = total, out, 0
+        self.started = time.monotonic()
+        self.tty = out.isatty()
+
+    def done(self, what: str) -> None:
+        self.n += 1
+        elapsed = time.monotonic() - self.started
+        width = 30
+        filled = width * self.n // self.total
+        text = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {self.n}/{self.total} {elapsed:.0f}s {what}"
+        )
+        if self.tty:
+            end = "\n" if self.n == self.total else ""
+            self.out.write(f"\r{text[:120]:<120}{end}")
+        else:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+
+def _meta(
+    args: argparse.Namespace, topology: Topology, policies: list[str], wall_s: float
+) -> dict[str, Any]:
+    gpus = [g for r in topology.regions for z in r.zones for g in z.gpus]
+    return {
+        "gpus": len(gpus),
+        "regions": [r.name for r in topology.regions],
+        "zones": sum(len(r.zones) for r in topology.regions),
+        "workload": args.workload,
+        "requests_per_run": args.requests,
+        "seed": args.seed,
+        "policies": policies,
+        "wall_s": round(wall_s, 1),
+        "jobs": args.jobs,
+        "propagation_ms": args.propagation_ms,
+        "summary_cadence_s": topology.summary_cadence_s,
+        "summary_ttl_s": topology.summary_ttl_s,
+    }
