@@ -115,7 +115,12 @@ class GpuTotals(Protocol):
 
 
 class Recorder:
-    """Receives every request's outcome; ``finish`` turns them into a ``PolicyResult``."""
+    """Receives every request's outcome; ``finish`` turns them into a ``PolicyResult``.
+
+    ``bucket_s`` is the timeline's resolution and ``window_buckets`` how many buckets
+    its P99 (and so the recovery time) is taken over: at 1 s and 10, a window holds
+    enough requests of a fleet for a P99, and recovery reads to the second.
+    """
 
     def __init__(
         self, *, slo: Slo, warmup_s: float = 0.0, bucket_s: float = 1.0, window_buckets: int = 10
@@ -178,7 +183,9 @@ class Recorder:
     def failed(
         self, req: SimRequest, *, code: str, home_region: str, elapsed_s: float, attempts: int
     ) -> None:
-        """One request that ended with gRPC status ``code`` (e.g. "UNAVAILABLE")."""
+        """One request that ended with gRPC status ``code`` (e.g. "UNAVAILABLE").
+        ``elapsed_s`` and ``attempts`` are accepted but not kept: a failure counts by
+        its arrival, like every other request."""
         at = req.at_s
         if at < self.warmup_s:
             return

@@ -1,4 +1,5 @@
-"""What one policy did in one simulated scenario, as figures (``sim.measure`` fills it).
+"""What each policy did in each simulated scenario, as figures (``sim.measure`` fills
+a ``PolicyResult``; ``sim.report`` writes a ``RunResults``).
 
 Every figure that cannot be known (a percentile of no request, a hit rate over no
 prompt token, a recovery that never came) is None, never zero. ``to_json`` gives
@@ -167,3 +168,53 @@ class PolicyResult:
         values["recoveries"] = [Recovery(**r) for r in data["recoveries"]]
         values["herding"] = Herding(**data["herding"]) if data["herding"] else None
         return cls(**values)
+
+
+@dataclass
+class ScenarioResult:
+    """One scenario (``load`` as a fraction of fleet capacity, its timed events), every
+    policy's result on the same arrivals."""
+
+    name: str
+    description: str
+    load: float
+    events: list[tuple[float, str]]
+    policies: dict[str, PolicyResult]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "description": self.description,
+            "load": self.load,
+            "events": [[at, label] for at, label in self.events],
+            "policies": {name: r.to_json() for name, r in self.policies.items()},
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ScenarioResult:
+        return cls(
+            name=data["name"],
+            description=data["description"],
+            load=data["load"],
+            events=[(float(at), str(label)) for at, label in data["events"]],
+            policies={k: PolicyResult.from_json(v) for k, v in data["policies"].items()},
+        )
+
+
+@dataclass
+class RunResults:
+    """A whole ``meridian sim run``: what was run (``meta``: seed, fleet, workload, …)
+    and each scenario's results."""
+
+    meta: dict[str, Any]
+    scenarios: list[ScenarioResult]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"meta": self.meta, "scenarios": [s.to_json() for s in self.scenarios]}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> RunResults:
+        return cls(
+            meta=dict(data["meta"]),
+            scenarios=[ScenarioResult.from_json(s) for s in data["scenarios"]],
+        )
