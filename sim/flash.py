@@ -11,6 +11,7 @@ two consecutive buckets.
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -22,6 +23,9 @@ if TYPE_CHECKING:
     from sim.timeline import Columns
 
 CROWD_WORD = "crowd"
+# How long a crowd whose label gives no "for N s" lasts: the issue's flash crowd.
+CROWD_S = 60.0
+_FOR_SECONDS = re.compile(r"\bfor\s+(\d+(?:\.\d+)?)\s*s\b")
 BEFORE_S = 60.0  # arrivals this long before the crowd give each home region's usual share
 
 
@@ -68,15 +72,21 @@ def herding_of(timeline: Timeline, crowd: Crowd) -> Herding | None:
 def crowd_from_events(
     events: Sequence[tuple[float, str]], *, end_s: float, homes: Columns
 ) -> Crowd | None:
-    """The first event whose label says "crowd" starts one; the next event, or
-    ``end_s``, ends it. Its region is the home region the label names (the longest
+    """The first event whose label says "crowd" starts one. It lasts as long as the
+    label says ("… for 60 s"), else ``CROWD_S``, but no longer than until the next
+    event or ``end_s``. Its region is the home region the label names (the longest
     name found), else the one whose share of the arrivals rose most against the
     ``BEFORE_S`` before. ``homes`` labels each route with its home region."""
     ordered = sorted(events)
     for i, (at, label) in enumerate(ordered):
         if CROWD_WORD not in label.lower():
             continue
-        stop = ordered[i + 1][0] if i + 1 < len(ordered) else end_s
+        told = _FOR_SECONDS.search(label)
+        stop = min(
+            at + (float(told.group(1)) if told else CROWD_S),
+            ordered[i + 1][0] if i + 1 < len(ordered) else end_s,
+            end_s,
+        )
         if stop <= at:
             continue
         named = [r for r in set(homes.label_of_route) if r and r.lower() in label.lower()]

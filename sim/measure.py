@@ -21,9 +21,9 @@ Choices the figures rest on:
   recovery ends at the first bucket from which a whole window of arrivals has its
   P99 within 1.2× of the median windowed P99 of the 60 s before the event.
 - A flash crowd is the one given as ``crowd``, else the first event whose label
-  says "crowd": it lasts until the next event (or the run's end), and its region
-  is the one the label names, else the home region whose share of the arrivals
-  rose most.
+  says "crowd": it lasts as long as the label says ("for 60 s", else 60 s) but
+  not past the next event, and its region is the one the label names, else the
+  home region whose share of the arrivals rose most.
 """
 
 from __future__ import annotations

@@ -295,18 +295,34 @@ def test_herding_finds_the_crowd_in_the_events() -> None:
     assert rec.finish(GPUS, duration_s=200.0, events=[(100.0, "zone lost")]).herding is None
 
 
-def test_an_unnamed_crowd_is_the_home_region_whose_arrivals_rose_most() -> None:
+def crowded_from_boston() -> Recorder:
+    """200 s of two arrivals a second; from 100 s on three in four are from Boston."""
     rec = Recorder(slo=Slo())
     for i in range(400):
-        at = i * 0.5  # 200 s; from 100 s on, three in four arrivals are from Boston
+        at = i * 0.5
         boston = i % 4 != 0 if at >= 100 else i % 4 == 0
         home = "us-east" if boston else "eu-west"
         serve(rec, request(i, at), 0.1, 1.0, region=home, home=home)
-    events = [(100.0, "flash crowd")]
-    herding = rec.finish(GPUS, duration_s=200.0, events=events).herding
+    return rec
+
+
+def test_an_unnamed_crowd_is_the_home_region_whose_arrivals_rose_most() -> None:
+    rec = crowded_from_boston()
+    herding = rec.finish(GPUS, duration_s=200.0, events=[(100.0, "flash crowd 3x")]).herding
     assert herding is not None
-    assert (herding.region, herding.end_s) == ("us-east", 200.0)
+    # No end in the label and no later event: the issue's 60 s.
+    assert (herding.region, herding.start_s, herding.end_s) == ("us-east", 100.0, 160.0)
     assert herding.share_mean == pytest.approx(0.75)
+
+
+def test_a_crowd_lasts_as_long_as_its_label_says_but_not_past_the_next_event() -> None:
+    rec = crowded_from_boston()
+    events = [(100.0, "flash crowd 3x for 30 s")]
+    herding = rec.finish(GPUS, duration_s=200.0, events=events).herding
+    assert herding is not None and herding.end_s == 130.0
+    events = [(100.0, "flash crowd 3x for 90 s"), (120.0, "zone lost")]
+    herding = rec.finish(GPUS, duration_s=200.0, events=events).herding
+    assert herding is not None and herding.end_s == 120.0
 
 
 def test_ratio_to_divides_each_headline_figure_by_the_oracles() -> None:
