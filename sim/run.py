@@ -24,6 +24,7 @@ from sim.clock import run_simulated
 from sim.deployment import SimDeployment, SimSettings
 from sim.flow import RequestFlow
 from sim.gpu_model import SimGpu
+from sim.flash import Crowd
 from sim.measure import PolicyResult, Recorder, Slo
 from sim.oracle import Oracle, PlacedGpu
 from sim.policies import ORACLE, policy_set
@@ -159,7 +160,12 @@ async def _run(
     await _feed(arrivals, serve, loop, progress)
     if deployment is not None:
         deployment.stop()
-    return recorder.finish(sim_gpus, duration_s=loop.time(), events=events), events
+    crowd = None
+    if spec.scenario.crowd is not None:
+        start = spec.scenario.crowd.at * duration
+        crowd = Crowd(target_region(spec.topology).name, start, start + spec.scenario.crowd.seconds)
+    result = recorder.finish(sim_gpus, duration_s=loop.time(), events=events, crowd=crowd)
+    return result, events
 
 
 def _schedule_events(
