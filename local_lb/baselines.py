@@ -201,6 +201,10 @@ class SglangCacheAwarePicker:
         return [first, *(g for g in by_load if g is not first)][: FALLBACKS + 1]
 
 
+def _load_key(item: tuple[float, GpuChild]) -> float:
+    return item[0]
+
+
 def nginx_weight(speed: float) -> int:
     """The integer ``weight=`` an operator writes for a GPU of this speed (nginx takes
     integers only): ten per A100, so V100 = 6, H100 = 20, H200 = 23."""
@@ -221,35 +225,40 @@ class WeightedLeastConnectionsPicker:
     long prompts or mid-run throttling keeps its share of connections."""
 
     _current: dict[str, int] = field(default_factory=dict)
+    _weights: dict[float, int] = field(default_factory=dict)  # speed -> weight, memoised
+
+    def weight(self, gpu: GpuChild) -> int:
+        weight = self._weights.get(gpu.speed)
+        if weight is None:
+            weight = self._weights[gpu.speed] = nginx_weight(gpu.speed)
+        return weight
 
     def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
         pool = _pool(children)
-        tied: list[GpuChild] = []
+        tied: list[tuple[GpuChild, int]] = []
+        loads: list[tuple[float, GpuChild]] = []
         best_conns, best_weight = 0, 1
         for gpu in pool:
-            conns, weight = gpu.outstanding_requests, nginx_weight(gpu.speed)
+            conns, weight = gpu.outstanding_requests, self.weight(gpu)
+            loads.append((conns / weight, gpu))
             if not tied or conns * best_weight < best_conns * weight:
-                tied = [gpu]
+                tied = [(gpu, weight)]
                 best_conns, best_weight = conns, weight
             elif conns * best_weight == best_conns * weight:
-                tied.append(gpu)
+                tied.append((gpu, weight))
         if not tied:
             return []
-        first = tied[0] if len(tied) == 1 else self._smooth_round_robin(tied)
-        rest = heapq.nsmallest(
-            FALLBACKS,
-            (g for g in pool if g is not first),
-            key=lambda g: g.outstanding_requests / nginx_weight(g.speed),
-        )
-        return [first, *rest]
+        first = tied[0][0] if len(tied) == 1 else self._smooth_round_robin(tied)
+        rest = heapq.nsmallest(FALLBACKS + 1, loads, key=_load_key)
+        ranked: list[Child] = [first, *(g for _, g in rest if g is not first)]
+        return ranked[: FALLBACKS + 1]
 
-    def _smooth_round_robin(self, tied: list[GpuChild]) -> GpuChild:
+    def _smooth_round_robin(self, tied: list[tuple[GpuChild, int]]) -> GpuChild:
         current = self._current
         total = 0
-        best = tied[0]
+        best = tied[0][0]
         best_current = -(1 << 62)
-        for gpu in tied:
-            weight = nginx_weight(gpu.speed)
+        for gpu, weight in tied:
             value = current.get(gpu.name, 0) + weight
             current[gpu.name] = value
             total += weight
@@ -281,7 +290,8 @@ class EnvoyLeastRequestPicker:
     A popped GPU with no free slot here is re-inserted and the next one taken, as
     Envoy re-picks a host its retry predicate rejects. Other entries keep the
     weight of their last insertion, so a GPU whose load changed since is judged
-    on the old figure (Envoy's known approximation). O(log n) per pick.
+    on the old figure (Envoy's known approximation). O(log n) per pick, and
+    O(pool) for the fallbacks (the GPUs of highest current weight).
     """
 
     rng: random.Random

@@ -56,20 +56,12 @@ class InferenceGatewayPicker:
     was sent since: the EPP does not either, which is how it herds onto the GPU
     that looked emptiest at the last scrape. The prefix match is the view's
     ``PrefixIndex`` (blocks recently routed to each GPU), standing in for the
-    EPP's own indexer. O(pool) per pick.
+    EPP's own indexer. O(pool) per pick, as the EPP scores every candidate.
     """
 
     view: LocalView
     rng: random.Random
     match_limit: int = 16
-
-    def signals(self, gpu: GpuChild, now: float) -> tuple[float, float]:
-        """``(waiting, kv_cache_usage)`` as this picker reads them for ``gpu``."""
-        sample = self.view.load.get(gpu.name, now, self.view.report_max_age_s)
-        if sample is None:
-            return float(gpu.outstanding_requests), 1.0
-        kv = 1.0 if sample.kv_cache_usage is None else sample.kv_cache_usage
-        return sample.waiting, kv
 
     def prefix_scores(self, request: PickRequest) -> dict[str, float]:
         """Each believed holder's fraction of the prompt's blocks (others score 0)."""
@@ -83,19 +75,34 @@ class InferenceGatewayPicker:
         pool = children if isinstance(children, FreePool) else FreePool.of(children)
         if not pool:
             return []
+        get, max_age = self.view.load.get, self.view.report_max_age_s
         waiting: list[float] = []
-        kv_scores: list[float] = []
-        for gpu in pool:
-            queue, kv = self.signals(gpu, now)
-            waiting.append(queue)
-            kv_scores.append(1.0 - kv)
+        kv_free: list[float] = []
+        for gpu in pool:  # this loop is the picker's cost: kept flat
+            sample = get(gpu.name, now, max_age)
+            if sample is None:
+                waiting.append(float(gpu.outstanding_requests))
+                kv_free.append(0.0)
+            else:
+                waiting.append(sample.waiting)
+                kv = sample.kv_cache_usage
+                kv_free.append(0.0 if kv is None else 1.0 - kv)
         prefix = self.prefix_scores(request)
-        totals = [
-            QUEUE_WEIGHT * q + KV_CACHE_WEIGHT * k + PREFIX_WEIGHT * prefix.get(gpu.name, 0.0)
-            for gpu, q, k in zip(pool, queue_scores(waiting), kv_scores, strict=True)
+        scored = [
+            (
+                QUEUE_WEIGHT * q + KV_CACHE_WEIGHT * k + PREFIX_WEIGHT * prefix.get(gpu.name, 0.0),
+                gpu,
+            )
+            for gpu, q, k in zip(pool, queue_scores(waiting), kv_free, strict=True)
         ]
-        rng = self.rng
-        best = heapq.nsmallest(
-            FALLBACKS + 1, range(len(totals)), key=lambda i: (-totals[i], rng.random())
-        )
-        return [pool[i] for i in best]
+        top = max(total for total, _ in scored)
+        tied = [gpu for total, gpu in scored if total == top]
+        # The max-score picker shuffles before its stable sort: a tie goes at random.
+        first = tied[int(self.rng.random() * len(tied))] if len(tied) > 1 else tied[0]
+        rest = heapq.nlargest(FALLBACKS + 1, scored, key=_total)
+        ranked: list[Child] = [first, *(g for _, g in rest if g is not first)]
+        return ranked[: FALLBACKS + 1]
+
+
+def _total(item: tuple[float, GpuChild]) -> float:
+    return item[0]

@@ -44,7 +44,7 @@ from common.basics.geo import GeoPoint
 from common.request.prefix import BLOCK_TOKENS
 from sim.engine import step_cost_s
 from sim.gpu_model import GpuFailed, SimJob
-from sim.oracle_fleet import FleetBook, PlacedGpu, TrackedGpu
+from sim.oracle_fleet import FleetBook, GpuGroup, PlacedGpu, TrackedGpu
 from sim.oracle_index import HolderIndex
 from sim.requests import SimRequest
 
@@ -66,6 +66,15 @@ class OracleRecorder(Protocol):
 
 
 _Waiter = tuple[SimRequest, "asyncio.Future[tuple[TrackedGpu, SimJob] | None]"]
+
+
+def prefill_s(tokens: int) -> float:
+    """The prefill part of one engine step on an A100 (a step = decode part + this)."""
+    return step_cost_s(0, tokens) - step_cost_s(0, 0)
+
+
+def _first(item: tuple[float, object]) -> float:
+    return item[0]
 
 
 def completion_s(scale: float, batch: int, uncached_tokens: int, max_tokens: int) -> float:
@@ -95,7 +104,11 @@ class Oracle:
         self._queue: deque[_Waiter] = deque()
         self._index = HolderIndex()
         self._rtts: dict[GeoPoint, list[float]] = {}
+        self._orders: dict[GeoPoint, list[tuple[float, GpuGroup]]] = {}
         self._homes: dict[GeoPoint, str] = {}
+        # The decode part of a step at each batch size (the batch a request joins).
+        largest = max(p.gpu.cfg.max_concurrency for p in gpus)
+        self._decode = [step_cost_s(b, 0) for b in range(largest + 2)]
         self._refreshed_at = -math.inf
         self.refresh()
 
@@ -119,21 +132,26 @@ class Oracle:
     # ------------------------------------------------------------------ choosing
 
     def _rtt_row(self, origin: GeoPoint) -> list[float]:
+        """RTT in ms from ``origin`` to each region (by index), cached per origin."""
         row = self._rtts.get(origin)
         if row is None:
             if len(self._rtts) >= 100_000:
                 self._rtts.clear()
+                self._orders.clear()
             row = [self._rtt_ms(origin, r) for r in self.fleet.regions]
             self._rtts[origin] = row
         return row
 
-    def _estimate(self, g: TrackedGpu, req: SimRequest, cached: int, rtts: list[float]) -> float:
-        group = g.group
-        assert group is not None
-        seconds = completion_s(
-            group.scale, g.active + 1, req.prompt_tokens - cached, req.output_tokens
-        )
-        return rtts[group.region] / 1000.0 + seconds
+    def _by_distance(self, origin: GeoPoint) -> list[tuple[float, GpuGroup]]:
+        """Every group with its RTT in seconds from ``origin``, nearest first (cached
+        per origin until a new group appears): near groups set a low bar early."""
+        groups = self.fleet.groups
+        order = self._orders.get(origin)
+        if order is None or len(order) != len(groups):
+            row = self._rtt_row(origin)
+            order = sorted(((row[g.region] / 1000.0, g) for g in groups.values()), key=_first)
+            self._orders[origin] = order
+        return order
 
     def _cached(self, g: TrackedGpu, req: SimRequest) -> int:
         """Tokens of the prompt the GPU's own cache holds (exact, touches nothing)."""
@@ -141,34 +159,56 @@ class Oracle:
         return min(req.prompt_tokens, blocks * BLOCK_TOKENS)
 
     def choose(self, req: SimRequest) -> TrackedGpu | None:
-        """The admitting GPU where ``req`` completes soonest; None when none admits it."""
+        """The admitting GPU where ``req`` completes soonest; None when none admits it.
+
+        Time = RTT + scale × (steps × decode step at the batch joined + prefill of
+        the uncached prompt), ``completion_s`` taken apart so that a group costs
+        one multiply-add. Prefix holders first (exact), then each group's
+        least-loaded GPU with no cache; then, lowest bound first, the groups whose
+        best could still win if its cache held the prompt, looked up exactly.
+        """
         reservation = req.prompt_tokens + req.output_tokens
         rtts = self._rtt_row(req.origin)
-        best, best_t = None, math.inf
+        steps = max(1, req.output_tokens)
+        decode = self._decode
+        blocks = req.prefix_blocks
         fleet = self.fleet
-        for i in self._index.holders(req.prefix_blocks) if req.prefix_blocks else ():
+        best, best_t = None, math.inf
+        for i in self._index.holders(blocks) if blocks else ():
             g = fleet.gpus[i]
-            if fleet.current(g) is None or not g.admits(reservation):
+            group = fleet.current(g)
+            if group is None or not g.admits(reservation):
                 continue
-            t = self._estimate(g, req, self._cached(g, req), rtts)
+            uncached = req.prompt_tokens - self._cached(g, req)
+            t = rtts[group.region] / 1000.0 + group.scale * (
+                steps * decode[g.active + 1] + prefill_s(uncached)
+            )
             if t < best_t:
                 best, best_t = g, t
-        tops: list[tuple[float, TrackedGpu]] = []
-        for group in fleet.groups.values():
-            top = fleet.best_of(group, reservation) if group.members else None
-            if top is not None:
-                t = self._estimate(top, req, 0, rtts)
-                tops.append((t, top))
-                if t < best_t:
-                    best, best_t = top, t
-        if req.prefix_blocks:
-            prefill = step_cost_s(1, req.prompt_tokens) - step_cost_s(1, 0)
-            for t, top in tops:  # its cache can save at most the whole prefill
-                assert top.group is not None
-                if t - top.group.scale * prefill < best_t:
-                    exact = self._estimate(top, req, self._cached(top, req), rtts)
-                    if exact < best_t:
-                        best, best_t = top, exact
+        full = prefill_s(req.prompt_tokens)
+        floor = steps * decode[1]  # nothing runs faster than alone
+        bounds: list[tuple[float, TrackedGpu]] = []
+        for rtt_s, group in self._by_distance(req.origin):
+            if not group.members or rtt_s + group.scale * floor >= best_t:
+                continue
+            top = fleet.best_of(group, reservation)
+            if top is None:
+                continue
+            bound = rtt_s + group.scale * steps * decode[top.active + 1]
+            t = bound + group.scale * full
+            if t < best_t:
+                best, best_t = top, t
+            if blocks and bound < best_t:
+                bounds.append((bound, top))
+        bounds.sort(key=_first)
+        for bound, top in bounds:  # if its cache held the whole prompt, it would take bound
+            if bound >= best_t:
+                break
+            cached = self._cached(top, req)
+            scale = top.group.scale if top.group is not None else math.inf
+            t = bound + scale * prefill_s(req.prompt_tokens - cached)
+            if cached and t < best_t:
+                best, best_t = top, t
         return best
 
     # ------------------------------------------------------------------ serving

@@ -140,12 +140,14 @@ class FleetBook:
         top lacks KV room, up to ``KV_SCAN`` more are looked at (fewer requests may not
         mean less KV)."""
         heap, held, found = group.heap, [], None
+        gpus, speed, time_scale = self.gpus, group.key[2], group.key[3]
         while heap:
             active, kv, index, version = heap[0]
-            g = self.gpus[index]
+            g = gpus[index]
+            sim = g.placed.gpu
             if g.group is not group or version != g.version:
                 heapq.heappop(heap)  # stale
-            elif not group.matches(g.placed.gpu):
+            elif not sim.up or sim.speed != speed or sim.time_scale != time_scale:
                 self.sync(g)  # it went down or changed speed: its entry is stale now
             elif active >= group.slots:
                 break  # the least loaded is full: all are
