@@ -199,3 +199,159 @@ class SglangCacheAwarePicker:
             sizes = self.view.prefix.blocks_per_gpu
             first = min(pool, key=lambda g: (sizes.get(g.name, 0), self.rng.random()))
         return [first, *(g for g in by_load if g is not first)][: FALLBACKS + 1]
+
+
+def _load_key(item: tuple[float, GpuChild]) -> float:
+    return item[0]
+
+
+def nginx_weight(speed: float) -> int:
+    """The integer ``weight=`` an operator writes for a GPU of this speed (nginx takes
+    integers only): ten per A100, so V100 = 6, H100 = 20, H200 = 23."""
+    return max(1, round(10 * speed))
+
+
+@dataclass
+class WeightedLeastConnectionsPicker:
+    """nginx ``least_conn`` with ``weight=`` from hardware speed (``nginx_weight``).
+
+    As nginx's upstream module does: the GPU with the fewest active connections
+    per unit of weight wins (``conns / weight``, compared by cross-multiplying the
+    integers, so ties are exact); when several tie, they are tried in turn by
+    smooth weighted round robin among the tied ones only (each tied GPU adds its
+    weight to its current weight, the largest wins and pays back the tied total;
+    a GPU that wins alone keeps its current weight untouched). Connections are
+    this tier's outstanding requests. The weight is static: a GPU slowed by
+    long prompts or mid-run throttling keeps its share of connections."""
+
+    _current: dict[str, int] = field(default_factory=dict)
+    _weights: dict[float, int] = field(default_factory=dict)  # speed -> weight, memoised
+
+    def weight(self, gpu: GpuChild) -> int:
+        weight = self._weights.get(gpu.speed)
+        if weight is None:
+            weight = self._weights[gpu.speed] = nginx_weight(gpu.speed)
+        return weight
+
+    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
+        pool = _pool(children)
+        tied: list[tuple[GpuChild, int]] = []
+        loads: list[tuple[float, GpuChild]] = []
+        best_conns, best_weight = 0, 1
+        for gpu in pool:
+            conns, weight = gpu.outstanding_requests, self.weight(gpu)
+            loads.append((conns / weight, gpu))
+            if not tied or conns * best_weight < best_conns * weight:
+                tied = [(gpu, weight)]
+                best_conns, best_weight = conns, weight
+            elif conns * best_weight == best_conns * weight:
+                tied.append((gpu, weight))
+        if not tied:
+            return []
+        first = tied[0][0] if len(tied) == 1 else self._smooth_round_robin(tied)
+        rest = heapq.nsmallest(FALLBACKS + 1, loads, key=_load_key)
+        ranked: list[Child] = [first, *(g for _, g in rest if g is not first)]
+        return ranked[: FALLBACKS + 1]
+
+    def _smooth_round_robin(self, tied: list[tuple[GpuChild, int]]) -> GpuChild:
+        current = self._current
+        total = 0
+        best = tied[0][0]
+        best_current = -(1 << 62)
+        for gpu, weight in tied:
+            value = current.get(gpu.name, 0) + weight
+            current[gpu.name] = value
+            total += weight
+            if value > best_current:
+                best, best_current = gpu, value
+        current[best.name] -= total
+        return best
+
+
+@dataclass
+class EnvoyLeastRequestPicker:
+    """Envoy's ``LEAST_REQUEST`` load balancer, from its documentation and source.
+
+    Weights: Envoy's default configuration gives endpoints no
+    ``load_balancing_weight`` (all equal), and that is what ``weighted=False``
+    models and what the ``envoy_least_request`` policy uses: nginx is compared
+    *with* hardware weights, Envoy as fleets deploy it out of the box.
+    ``weighted=True`` gives each GPU its hardware speed as weight instead
+    (the ``envoy_least_request_weighted`` policy).
+
+    All weights equal: ``choice_count`` (2) GPUs drawn at random *with
+    replacement*, the one with fewer active requests wins, a tie keeps the first
+    drawn. O(1); the most loaded GPU wins only when every draw is it.
+
+    Unequal weights: an earliest-deadline-first schedule over the GPUs serving
+    the model, each entry's weight computed when it is (re)inserted as
+    ``weight / (active + 1) ** active_request_bias`` (bias 1.0): the GPU with the
+    earliest deadline is picked and re-inserted at ``its deadline + 1 / weight``.
+    A popped GPU with no free slot here is re-inserted and the next one taken, as
+    Envoy re-picks a host its retry predicate rejects. Other entries keep the
+    weight of their last insertion, so a GPU whose load changed since is judged
+    on the old figure (Envoy's known approximation). O(log n) per pick, and
+    O(pool) for the fallbacks (the GPUs of highest current weight).
+    """
+
+    rng: random.Random
+    view: LocalView
+    weighted: bool = False
+    choice_count: int = 2
+    active_request_bias: float = 1.0
+    _schedules: dict[str, tuple[tuple[GpuChild, ...], list[tuple[float, int, GpuChild]]]] = field(
+        default_factory=dict
+    )
+    _order: int = 0
+
+    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
+        pool = _pool(children)
+        if not pool:
+            return []
+        if self.weighted:
+            return self._edf(request.model, pool)
+        items = pool
+        n = len(items)
+        drawn = [items[int(self.rng.random() * n)] for _ in range(self.choice_count)]
+        best = drawn[0]
+        for gpu in drawn[1:]:
+            if gpu.outstanding_requests < best.outstanding_requests:
+                best = gpu
+        others = [g for g in dict.fromkeys(drawn) if g is not best]
+        return [best, *others]
+
+    def host_weight(self, gpu: GpuChild) -> float:
+        """Envoy's dynamic weight: ``weight / (active + 1) ** bias``."""
+        active = gpu.outstanding_requests + 1
+        if self.active_request_bias == 1.0:
+            return gpu.speed / active
+        return float(gpu.speed / active**self.active_request_bias)
+
+    def _schedule(self, model: str) -> list[tuple[float, int, GpuChild]]:
+        gpus = self.view.by_model.get(model, ())
+        known = self._schedules.get(model)
+        if known is None or known[0] is not gpus:
+            heap = []
+            for gpu in gpus:  # Envoy starts every host at deadline 1 / weight
+                heap.append((1.0 / self.host_weight(gpu), self._next(), gpu))
+            heapq.heapify(heap)
+            known = self._schedules[model] = (gpus, heap)
+        return known[1]
+
+    def _next(self) -> int:
+        self._order += 1
+        return self._order
+
+    def _edf(self, model: str, pool: FreePool) -> list[Child]:
+        heap = self._schedule(model)
+        for _ in range(len(heap)):
+            deadline, _, gpu = heap[0]
+            heapq.heapreplace(heap, (deadline + 1.0 / self.host_weight(gpu), self._next(), gpu))
+            if gpu in pool:
+                rest = heapq.nsmallest(
+                    FALLBACKS,
+                    (g for g in pool if g is not gpu),
+                    key=lambda g: -self.host_weight(g),
+                )
+                return [gpu, *rest]
+        return list(pool.sample(FALLBACKS + 1, self.rng))  # pool GPUs not in the view

@@ -12,14 +12,17 @@ from collections.abc import Callable, Mapping
 
 from common.request.pick import Picker
 from local_lb.baselines import (
+    EnvoyLeastRequestPicker,
     LeastConnectionsPicker,
     LeastResponseTimePicker,
     PowerOfTwoPicker,
     RandomPicker,
     RoundRobinPicker,
     SglangCacheAwarePicker,
+    WeightedLeastConnectionsPicker,
     WeightedRoundRobinPicker,
 )
+from local_lb.baselines_llm import InferenceGatewayPicker
 from local_lb.picker import CompletionTimePicker
 from local_lb.state import LocalView
 
@@ -36,6 +39,12 @@ POLICIES: Mapping[str, PickerFactory] = {
     "power_of_two": lambda view, rng: PowerOfTwoPicker(rng),
     "least_response_time": lambda view, rng: LeastResponseTimePicker(rng),
     "sglang_cache_aware": lambda view, rng: SglangCacheAwarePicker(view, rng),
+    "weighted_least_connections": lambda view, rng: WeightedLeastConnectionsPicker(),
+    "envoy_least_request": lambda view, rng: EnvoyLeastRequestPicker(rng, view),
+    "envoy_least_request_weighted": lambda view, rng: EnvoyLeastRequestPicker(
+        rng, view, weighted=True
+    ),
+    "inference_gateway": lambda view, rng: InferenceGatewayPicker(view, rng),
 }
 
 

@@ -17,7 +17,7 @@ import asyncio
 import hashlib
 import random
 from collections import OrderedDict, deque
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 from common.config.gpu import GpuConfig
@@ -73,6 +73,15 @@ class PrefixCache:
             if h not in self._blocks:
                 break
             self._blocks.move_to_end(h)
+            n += 1
+        return n
+
+    def peek(self, hashes: Sequence[int]) -> int:
+        """``cached_blocks`` without touching the hits: a look that changes nothing."""
+        n = 0
+        for h in hashes:
+            if h not in self._blocks:
+                break
             n += 1
         return n
 

@@ -1,0 +1,162 @@
+"""Upper-tier peers: how fleets pick a region or a zone without Meridian's pickers.
+
+Each is a ``Picker`` over ``common.request.children.Child`` (regions at the
+global tier, zones at a regional tier), pure and synchronous like
+``RegionPicker`` and ``ZonePicker``, so the simulator runs them through the
+same ``RankingBalancer``. All of them rank only children that may serve the
+request — up by direct evidence, not drained, serving the model, and not
+known from a fresh summary to have no healthy GPU (``Child.may_serve``) — and,
+where the children are regions, only regions the tenant may be served in
+(``PickRequest.allowed_regions``, data residency: a legal constraint every
+peer keeps). The ranking is the chosen child first, then the failover order.
+
+Each costs O(children) per pick (a handful of regions or zones), with no
+allocation beyond the ranking itself.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from common.basics.geo import GeoPoint, rtt_estimate_ms
+from common.request.children import Child
+from common.request.pick import PickRequest
+
+# Cached RTTs (origin, client region, child) before the cache is dropped and refilled.
+RTT_CACHE_LIMIT = 100_000
+
+
+def may_route(
+    child: Child, request: PickRequest, now: float, ttl_s: float, residency: bool
+) -> bool:
+    """``child`` may take ``request``: it may serve the model and, when the children are
+    regions (``residency``), the tenant may be served there."""
+    if residency and request.allowed_regions and child.name not in request.allowed_regions:
+        return False
+    return child.may_serve(request.model, now, ttl_s)
+
+
+@dataclass
+class NearestRegionPicker:
+    """Geo-DNS with health checks: the nearest region that is up, nothing else.
+
+    The region with the least RTT from the request's origin — the measured
+    ``rtt_ms`` matrix (client region -> region -> ms) when it has the pair, else
+    the great-circle estimate (``rtt_estimate_ms``) — among the regions that may
+    serve it; the others follow by RTT, which is the failover order. No spill on
+    load: a region that is up keeps all of its clients however queued it is,
+    which is the failure mode this peer stands for. RTTs are cached per
+    (origin, client region, region): requests come from a few cities.
+    """
+
+    home: GeoPoint
+    summary_ttl_s: float
+    rtt_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    _rtt: dict[tuple[GeoPoint | None, str | None, str], float] = field(default_factory=dict)
+
+    def rtt(self, request: PickRequest, region: Child) -> float:
+        key = (request.origin, request.client_region, region.name)
+        known = self._rtt.get(key)
+        if known is not None:
+            return known
+        row = self.rtt_ms.get(request.client_region or "")
+        if row is not None and region.name in row:
+            value = float(row[region.name])
+        else:
+            value = rtt_estimate_ms(request.origin or self.home, region.location or self.home)
+        if len(self._rtt) >= RTT_CACHE_LIMIT:
+            self._rtt.clear()
+        self._rtt[key] = value
+        return value
+
+    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
+        ttl = self.summary_ttl_s
+        ranked = [c for c in children if may_route(c, request, now, ttl, True)]
+        ranked.sort(key=lambda c: self.rtt(request, c))
+        return ranked
+
+
+@dataclass
+class RoundRobinChildPicker:
+    """Round robin: a rotating index over the children; the next one clockwise that may
+    take the request wins and the index moves past it; the rest follow clockwise.
+    Blind to distance and load. ``residency``: the children are regions."""
+
+    summary_ttl_s: float
+    residency: bool = False
+    _next: int = 0
+
+    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
+        n = len(children)
+        start = self._next % n if n else 0
+        ranked: list[Child] = []
+        for i in range(n):
+            child = children[(start + i) % n]
+            if may_route(child, request, now, self.summary_ttl_s, self.residency):
+                if not ranked:
+                    self._next = (start + i + 1) % n
+                ranked.append(child)
+        return ranked
+
+
+@dataclass
+class RandomChildPicker:
+    """Uniformly random order over the children that may take the request.
+    ``residency``: the children are regions."""
+
+    rng: random.Random
+    summary_ttl_s: float
+    residency: bool = False
+
+    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
+        ttl = self.summary_ttl_s
+        ranked = [c for c in children if may_route(c, request, now, ttl, self.residency)]
+        self.rng.shuffle(ranked)
+        return ranked
+
+
+def slot_load(child: Child, model: str, now: float, ttl_s: float) -> float:
+    """This tier's outstanding requests on ``child`` per concurrency slot it has: total
+    slots from its fresh report, 1 when unknown (so an unknown child looks full early)."""
+    entry = child.model_capacity(model, now, ttl_s)
+    slots = entry.total_slots if entry is not None and entry.total_slots > 0 else 1
+    return child.outstanding_requests / slots
+
+
+@dataclass
+class LeastLoadedChildPicker:
+    """Least connections per slot: the child with the fewest outstanding requests from
+    this tier per concurrency slot (``slot_load``), ties at random, the rest by load.
+
+    ``p2c``: power of two choices instead — two children drawn at random, the
+    less loaded first, then the other, then the rest by load. Both read only
+    this tier's own counts and the slot totals (which change only when GPUs come
+    or go), never queue lengths or waits. ``residency``: the children are regions.
+    """
+
+    rng: random.Random
+    summary_ttl_s: float
+    residency: bool = False
+    p2c: bool = False
+
+    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
+        ttl = self.summary_ttl_s
+        model = request.model
+        rng = self.rng
+        scored = [
+            (slot_load(c, model, now, ttl), rng.random(), c)
+            for c in children
+            if may_route(c, request, now, ttl, self.residency)
+        ]
+        if self.p2c and len(scored) > 2:
+            two = rng.sample(scored, 2)
+            rest = sorted(
+                (s for s in scored if s is not two[0] and s is not two[1]),
+                key=lambda s: (s[0], s[1]),
+            )
+            low, high = (two[0], two[1]) if two[0][0] <= two[1][0] else (two[1], two[0])
+            return [low[2], high[2], *(s[2] for s in rest)]
+        scored.sort(key=lambda s: (s[0], s[1]))
+        return [s[2] for s in scored]
