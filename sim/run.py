@@ -30,7 +30,6 @@ from sim.oracle import Oracle, PlacedGpu
 from sim.policies import ORACLE, policy_set
 from sim.requests import SimRequest
 from sim.scenarios import Scenario, apply, target_region
-from sim.trace_csv import read_trace
 from sim.workload import Boost, WorkloadSpec, generate, mean_request_shape
 
 Progress = Callable[[int], None]
@@ -119,6 +118,8 @@ def run_with_events(
 def _arrivals(spec: RunSpec, geography: Geography) -> tuple[Iterator[SimRequest], float]:
     """The requests to feed and the simulated time they span."""
     if spec.trace is not None:
+        from sim.trace_csv import read_trace  # only a replay needs the CSV reader
+
         replay = list(itertools.islice(read_trace(spec.trace, seed=spec.seed), spec.requests))
         if not replay:
             raise ValueError(f"{spec.trace}: the trace holds no request")
