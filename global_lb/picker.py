@@ -9,6 +9,9 @@ and an *availability* with Envoy's priority/overprovisioning semantics:
 
     availability = min(1, 1.4 × healthy GPUs / total GPUs) × fail-back ramp
 
+which drops to 0 while the region's newest report has no free slot left (less
+what was sent since): a full region passes its excess on like an unhealthy one.
+
 Regions are walked in score order like Envoy priority levels: the best region
 takes min(its availability, what is left) of the traffic and the rest spills
 to the next, so a region keeps all of its traffic while at least 1/1.4 of its
@@ -33,6 +36,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.basics.geo import GeoPoint, rtt_estimate_ms
+from common.gen.meridian.v1 import capacity_pb2
 from common.request.children import Child
 from common.request.pick import PickRequest
 from common.request.resilience import SlowStartConfig, ramp_factor
@@ -40,6 +44,17 @@ from common.request.resilience import SlowStartConfig, ramp_factor
 OVERPROVISIONING = 1.4
 PANIC_THRESHOLD = 0.5
 UNKNOWN_WAIT_MS = 100.0
+# A region whose every slot is taken keeps this share of its availability: the rest
+# spills to the next regions by score, as an unhealthy share does (found in the fleet
+# simulator: without it a region far busier than its neighbours kept its clients,
+# queueing them, while the next region's GPUs idled).
+FULL_REGION_SHARE = 0.0
+
+
+def full(region: Child, entry: capacity_pb2.ModelCapacity) -> bool:
+    """No slot left in ``region``'s newest report, counting what was sent since."""
+    sent_since = max(0, region.outstanding_requests - region.outstanding_at_report)
+    return entry.free_slots - entry.queued_requests - sent_since <= 0
 
 
 def availability(healthy: int, total: int, ramp: float = 1.0) -> float:
@@ -101,6 +116,8 @@ class RegionPicker:
                     entry.total_gpus + entry.unknown_children,
                     ramp,
                 )
+                if entry.total_slots and full(region, entry):
+                    avail *= FULL_REGION_SHARE
             scored.append((self.rtt(request, region) + wait_ms, avail, region))
         if not scored:
             return []

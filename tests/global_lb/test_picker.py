@@ -177,3 +177,24 @@ async def test_residency_error_says_so() -> None:
         await balancer.acquire(request(EU, allowed_regions=frozenset({"ap-southeast"})), (), None)
     assert "data residency" in err.value.message and "ap-southeast" in err.value.message
     assert "eu-west" not in err.value.message
+
+
+def test_a_full_region_passes_its_clients_to_the_next_by_score() -> None:
+    """No free slot in eu-west's report (less what was sent since): its clients go to the
+    next region by score; once a slot is free again, they stay home."""
+    rs = regions()
+    for r in rs:
+        with_summary(r, healthy_gpus=4, received_at=99.5, total_slots=64, free_slots=20)
+    eu = rs[1]
+    eu.summary.models[0].free_slots = 3  # type: ignore[union-attr]
+    eu.outstanding_at_report, eu.outstanding_requests = 10, 13  # three sent since the report
+    assert first_counts(seeded(), request(EU), rs) == {"us-east": 4000}
+    eu.outstanding_requests = 12
+    assert first_counts(seeded(), request(EU), rs) == {"eu-west": 4000}
+
+
+def test_when_every_region_is_full_clients_stay_nearest() -> None:
+    rs = regions()
+    for r in rs:
+        with_summary(r, healthy_gpus=4, received_at=99.5, total_slots=64, free_slots=0)
+    assert first_counts(seeded(), request(EU), rs) == {"eu-west": 4000}
