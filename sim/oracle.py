@@ -173,6 +173,7 @@ class Oracle:
         decode = self._decode
         blocks = req.prefix_blocks
         fleet = self.fleet
+        known_groups = len(fleet.groups)
         best, best_t = None, math.inf
         for i in self._index.holders(blocks) if blocks else ():
             g = fleet.gpus[i]
@@ -209,6 +210,8 @@ class Oracle:
             t = bound + scale * prefill_s(req.prompt_tokens - cached)
             if cached and t < best_t:
                 best, best_t = top, t
+        if len(fleet.groups) != known_groups:  # a GPU changed speed: weigh its new group too
+            return self.choose(req)
         return best
 
     # ------------------------------------------------------------------ serving
