@@ -52,7 +52,8 @@ REFRESH_S = 0.1
 
 
 class OracleRecorder(Protocol):
-    """What the oracle reports (``sim.measure`` implements it)."""
+    """What the oracle reports (``sim.measure`` implements it); ``code`` is a gRPC
+    status name ("UNAVAILABLE"), as the deployment's flow reports it."""
 
     def served(
         self, req: SimRequest, *, region: str, zone: str, gpu: str, home_region: str,
@@ -60,8 +61,7 @@ class OracleRecorder(Protocol):
     ) -> None: ...  # fmt: skip
 
     def failed(
-        self, req: SimRequest, *, code: grpc.StatusCode, home_region: str, elapsed_s: float,
-        attempts: int,
+        self, req: SimRequest, *, code: str, home_region: str, elapsed_s: float, attempts: int
     ) -> None: ...  # fmt: skip
 
 
@@ -173,6 +173,7 @@ class Oracle:
         decode = self._decode
         blocks = req.prefix_blocks
         fleet = self.fleet
+        known_groups = len(fleet.groups)
         best, best_t = None, math.inf
         for i in self._index.holders(blocks) if blocks else ():
             g = fleet.gpus[i]
@@ -209,6 +210,8 @@ class Oracle:
             t = bound + scale * prefill_s(req.prompt_tokens - cached)
             if cached and t < best_t:
                 best, best_t = top, t
+        if len(fleet.groups) != known_groups:  # a GPU changed speed: weigh its new group too
+            return self.choose(req)
         return best
 
     # ------------------------------------------------------------------ serving
@@ -221,7 +224,7 @@ class Oracle:
         while True:
             placed = await self._place(req, retry=attempts > 0)
             if placed is None:
-                code = self._refusal(req)
+                code = self._refusal(req).name
                 self.recorder.failed(
                     req, code=code, home_region=home, elapsed_s=self._loop.time() - req.at_s,
                     attempts=attempts,
@@ -237,7 +240,7 @@ class Oracle:
                 if not job.first_token_at <= now:
                     continue  # nothing reached the client yet: place it again
                 self.recorder.failed(
-                    req, code=grpc.StatusCode.UNAVAILABLE, home_region=home,
+                    req, code=grpc.StatusCode.UNAVAILABLE.name, home_region=home,
                     elapsed_s=now - req.at_s + rtt / 1000.0, attempts=attempts,
                 )  # fmt: skip
                 return
