@@ -116,6 +116,14 @@ def test_interarrival_cv_is_the_shapes_within_25_percent(shape: Any) -> None:
     assert len(times) / times[-1] == pytest.approx(200.0, rel=0.1 if shape is CODE else 0.02)
 
 
+@pytest.mark.parametrize("cv", [0.5, 1.0, 3.0])
+def test_an_asked_interarrival_cv_overrides_the_shapes(cv: float) -> None:
+    s = spec(interarrival_cv=cv, max_requests=50_000, diurnal=False, session_fraction=0.0)
+    times = [r.at_s for r in generate(s)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    assert statistics.pstdev(gaps) / statistics.fmean(gaps) == pytest.approx(cv, rel=0.1)
+
+
 def test_code_arrivals_come_in_bursts_and_conversation_arrivals_do_not() -> None:
     def dispersion(shape: Any) -> float:
         times = [r.at_s for r in generate(spec(shape=shape, max_requests=100_000))]
@@ -253,6 +261,11 @@ def test_ids_count_up_times_never_go_back_and_the_stream_stops_where_asked() -> 
     assert len(by_time) == pytest.approx(2000, rel=0.1)
     both = list(generate(spec(max_requests=100, duration_s=10.0)))
     assert len(both) == 100
+
+
+def test_requests_are_drawn_lazily() -> None:
+    stream = generate(spec(max_requests=10**9))
+    assert [next(stream).id for _ in range(3)] == [0, 1, 2]
 
 
 def test_the_same_seed_gives_the_same_stream_and_another_seed_another() -> None:
