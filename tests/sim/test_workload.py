@@ -15,7 +15,7 @@ import pytest
 
 from common.basics.vocabulary import Priority
 from common.request.prefix import BLOCK_TOKENS
-from sim.arrivals import diurnal_factor
+from sim.arrivals import balanced_h2, diurnal_factor
 from sim.geography import CITIES, City, GeoPoint
 from sim.requests import SimRequest
 from sim.sessions import MIN_MESSAGE_TOKENS
@@ -114,6 +114,15 @@ def test_interarrival_cv_is_the_shapes_within_25_percent(shape: Any) -> None:
     assert abs(cv - shape.interarrival_cv) <= 0.25 * shape.interarrival_cv
     # The rate is the asked one.
     assert len(times) / times[-1] == pytest.approx(200.0, rel=0.1 if shape is CODE else 0.02)
+
+
+@pytest.mark.parametrize("cv", [1.1, 3.0, 13.0])
+def test_the_hyperexponential_has_mean_1_the_asked_cv_and_balanced_phases(cv: float) -> None:
+    p, fast, slow = balanced_h2(cv)
+    assert p * fast + (1 - p) * slow == pytest.approx(1.0)
+    second_moment = 2 * (p * fast**2 + (1 - p) * slow**2)  # exponential: E[X²] = 2 mean²
+    assert math.sqrt(second_moment - 1.0) == pytest.approx(cv)
+    assert p * fast == pytest.approx((1 - p) * slow)
 
 
 @pytest.mark.parametrize("cv", [0.5, 1.0, 3.0])
@@ -323,6 +332,12 @@ def test_blocks_are_shared_only_through_system_prompts_and_sessions() -> None:
     assert set(across) == {t.id for t in s.tenants}
     for blocks in across.values():
         assert len(blocks) <= 4 * 1024 // BLOCK_TOKENS  # 4 system prompts per tenant
+
+
+def test_without_system_prompts_or_sessions_no_block_is_shared() -> None:
+    s = spec(max_requests=5000, system_prompts_per_tenant=0, session_fraction=0.0)
+    blocks = [b for r in generate(s) for b in r.prefix_blocks]
+    assert len(blocks) == len(set(blocks)) > 100_000
 
 
 def test_a_fresh_prompt_begins_with_one_of_its_tenants_system_prompts_or_with_nothing_shared() -> (
