@@ -2,7 +2,7 @@
 each arrival given a city and a tenant.
 
 Gaps between arrivals come from a renewal process with the shape's coefficient
-of variation (``GapSampler``): gamma for CV <= 1, a balanced two-phase
+of variation (``gap_sampler``): gamma for CV <= 1, a balanced two-phase
 hyperexponential above. At CV 13 (the Azure code trace) that hyperexponential
 draws 99.7% of its gaps with mean 0.5/rate and 0.3% with mean 169/rate: bursts
 of a few hundred requests at twice the mean rate, then long silences.
@@ -56,35 +56,33 @@ class Boost:
     tenant: str | None = None
 
 
-class GapSampler:
-    """Unit-mean gaps of a renewal process whose coefficient of variation is ``cv``."""
+def balanced_h2(cv: float) -> tuple[float, float, float]:
+    """A two-phase hyperexponential of mean 1 and coefficient of variation ``cv`` > 1,
+    with balanced means (p/λ1 = (1-p)/λ2 = 1/2, so CV² = 1/(2p(1-p)) - 1):
+    (p of the fast phase, mean of the fast phase, mean of the slow phase)."""
+    c2 = cv * cv
+    p = 0.5 * (1.0 + math.sqrt((c2 - 1.0) / (c2 + 1.0)))
+    return p, 1.0 / (2.0 * p), 1.0 / (2.0 * (1.0 - p))
 
-    def __init__(self, cv: float) -> None:
-        if not cv > 0:
-            raise ValueError(f"interarrival_cv must be > 0, got {cv}")
-        self.cv = cv
-        self.shape = 1.0 / (cv * cv)  # gamma shape for cv <= 1
-        # Balanced means: p/λ1 = (1-p)/λ2 = 1/2, which gives CV² = 1/(2p(1-p)) - 1.
-        c2 = cv * cv
-        self.p_fast = 0.5 * (1.0 + math.sqrt((c2 - 1.0) / (c2 + 1.0))) if cv > 1 else 1.0
-        self.rate_fast = 2.0 * self.p_fast
-        self.rate_slow = 2.0 * (1.0 - self.p_fast)
 
-    def __call__(self, rng: random.Random) -> Callable[[], float]:
-        """A draw function bound to ``rng`` (exponential phases inlined: hot path)."""
-        uniform, log = rng.random, math.log
-        if self.cv > 1.0:
-            p_fast, mean_fast, mean_slow = self.p_fast, 1.0 / self.rate_fast, 1.0 / self.rate_slow
+def gap_sampler(cv: float, rng: random.Random) -> Callable[[], float]:
+    """Unit-mean gaps of a renewal process with coefficient of variation ``cv``:
+    gamma (shape 1/cv²) up to 1, exponential at 1, balanced H2 above."""
+    if not cv > 0:
+        raise ValueError(f"interarrival_cv must be > 0, got {cv}")
+    uniform, log = rng.random, math.log
+    if cv > 1.0:
+        p_fast, mean_fast, mean_slow = balanced_h2(cv)
 
-            def hyperexponential() -> float:
-                mean = mean_fast if uniform() < p_fast else mean_slow
-                return -log(1.0 - uniform()) * mean
+        def hyperexponential() -> float:  # exponential phases inlined: the hot path
+            mean = mean_fast if uniform() < p_fast else mean_slow
+            return -log(1.0 - uniform()) * mean
 
-            return hyperexponential
-        if self.cv == 1.0:
-            return lambda: -log(1.0 - uniform())
-        shape = self.shape
-        return lambda: rng.gammavariate(shape, 1.0 / shape)
+        return hyperexponential
+    if cv == 1.0:
+        return lambda: -log(1.0 - uniform())
+    shape = 1.0 / (cv * cv)
+    return lambda: rng.gammavariate(shape, 1.0 / shape)
 
 
 class Mixer:
@@ -179,8 +177,7 @@ class Arrivals:
         self.mixer = mixer
         self.rate_rps = rate_rps
         self.rng = rng
-        self.gaps = GapSampler(cv)
-        self._draw = self.gaps(rng)
+        self._draw = gap_sampler(cv, rng)
         self.t = 0.0
         mixer.set_time(0.0)
 

@@ -86,15 +86,12 @@ class SystemPrompts:
             self.prompts.append(own)
         # Which prompt a uniform draw picks, tabulated over CHOICE_SLOTS slices of [0, 1).
         cum = list(accumulate(1.0 / (rank + 1) for rank in range(per_tenant)))
-        ranks = (
-            [
-                min(bisect.bisect_right(cum, (k + 0.5) / CHOICE_SLOTS * cum[-1]), per_tenant - 1)
-                for k in range(CHOICE_SLOTS)
-            ]
-            if per_tenant
-            else []
-        )
-        self._table = [[own[r] for r in ranks] or [(0, ())] * CHOICE_SLOTS for own in self.prompts]
+        ranks = [
+            min(bisect.bisect_right(cum, (k + 0.5) / CHOICE_SLOTS * cum[-1]), per_tenant - 1)
+            for k in range(CHOICE_SLOTS if per_tenant else 0)
+        ]
+        none: list[tuple[int, tuple[int, ...]]] = [(0, ())] * CHOICE_SLOTS
+        self._table = [[own[r] for r in ranks] if own else none for own in self.prompts]
 
     def choose(self, tenant: int, u: float) -> tuple[int, tuple[int, ...]]:
         """(tokens, blocks) of one of the tenant's prompts, for a uniform draw ``u``;
