@@ -47,7 +47,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--scenarios", default="all", help="comma-separated names, or 'all'")
     run.add_argument("--policies", default="all", help="comma-separated names, or 'all'")
-    run.add_argument("--requests", type=int, default=200_000, help="arrivals per run")
+    run.add_argument(
+        "--requests",
+        type=int,
+        default=None,
+        help=f"arrivals per run (200000; {QUICK['requests']} with --quick)",
+    )
     run.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
     run.add_argument("--out", default=DEFAULT_OUT, help=f"results directory ({DEFAULT_OUT})")
     run.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO in seconds (2.0)")
@@ -126,18 +131,20 @@ def _names(text: str, known: list[str], what: str) -> list[str]:
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     from sim.deployment import SimSettings
     from sim.measure import Slo
-    from sim.policies import ORACLE, POLICY_SETS
+    from sim.policies import POLICY_SETS
     from sim.report import RunResults, ScenarioResult, write_results
     from sim.run import RunSpec
     from sim.scenarios import SCENARIOS
 
     if args.quick:
-        args.gpus, args.regions, args.requests = QUICK["gpus"], QUICK["regions"], QUICK["requests"]
+        args.gpus, args.regions = QUICK["gpus"], QUICK["regions"]
+    if args.requests is None:
+        args.requests = QUICK["requests"] if args.quick else 200_000
     if args.requests < 1:
         raise ValueError(f"--requests must be at least 1, got {args.requests}")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
-    policies = _names(args.policies, [*POLICY_SETS, ORACLE], "policies")
+    policies = _names(args.policies, list(POLICY_SETS), "policies")
     scenarios = [
         s
         for s in SCENARIOS

@@ -22,9 +22,9 @@ from common.config.topology import Topology
 from sim.capacity import fleet_capacity_rps
 from sim.clock import run_simulated
 from sim.deployment import SimDeployment, SimSettings
+from sim.flash import Crowd
 from sim.flow import RequestFlow
 from sim.gpu_model import SimGpu
-from sim.flash import Crowd
 from sim.measure import PolicyResult, Recorder, Slo
 from sim.oracle import Oracle, PlacedGpu
 from sim.policies import ORACLE, policy_set

@@ -1,0 +1,163 @@
+"""``meridian sim``: every scenario in its quick form, a trace replay, and bad input.
+
+The runs go through ``sim_main`` in this process (``--jobs 1``), so a failure
+shows its traceback; each is small (the ``--quick`` fleet, a few hundred
+requests) and writes its results to a temporary directory.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from cli.sim import sim_main
+from common.config.topology import topology_from_mapping
+from sim.scenarios import SCENARIOS
+
+
+def run(argv: list[str]) -> tuple[int, str]:
+    out = io.StringIO()
+    code = sim_main(argv, out)
+    return code, out.getvalue()
+
+
+def test_fleet_writes_a_topology_the_servers_read(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    code, text = run(["fleet", "--gpus", "64", "--regions", "3", "--out", str(path)])
+    assert code == 0 and "64 GPUs in 3 regions" in text
+    topology = topology_from_mapping(yaml.safe_load(path.read_text()))
+    assert sum(len(z.gpus) for r in topology.regions for z in r.zones) == 64
+    assert len(topology.regions) == 3
+
+
+def test_every_scenario_runs_in_quick_form(tmp_path: Path) -> None:
+    code, text = run(
+        [
+            "run",
+            "--quick",
+            "--requests",
+            "500",
+            "--policies",
+            "meridian,round_robin,oracle",
+            "--jobs",
+            "1",
+            "--no-plots",
+            "--out",
+            str(tmp_path),
+        ]
+    )
+    assert code == 0, text
+    results = json.loads((tmp_path / "fleet.json").read_text())
+    assert [s["name"] for s in results["scenarios"]] == [s.name for s in SCENARIOS]
+    for scenario in results["scenarios"]:
+        for name, policy in scenario["policies"].items():
+            assert policy["offered"] > 0, (scenario["name"], name)
+            assert policy["served"] + sum(policy["failed"].values()) == policy["offered"]
+    lost = next(s for s in results["scenarios"] if s["name"] == "zone-then-region-lost")
+    assert [label for _, label in lost["events"]][1].startswith("region ")
+    assert "| `meridian` |" in (tmp_path / "fleet.md").read_text()
+
+
+def test_a_trace_csv_replays(tmp_path: Path) -> None:
+    trace = tmp_path / "trace.csv"
+    rows = ["TIMESTAMP,ContextTokens,GeneratedTokens"]
+    rows += [f"{0.05 * i:.2f},{200 + 10 * i},{20 + i % 7}" for i in range(120)]
+    trace.write_text("\n".join(rows) + "\n")
+    code, text = run(
+        [
+            "run",
+            "--quick",
+            "--workload",
+            str(trace),
+            "--scenarios",
+            "steady-50",
+            "--policies",
+            "meridian",
+            "--jobs",
+            "1",
+            "--no-plots",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert code == 0, text
+    result = json.loads((tmp_path / "out" / "fleet.json").read_text())
+    policy = result["scenarios"][0]["policies"]["meridian"]
+    assert policy["served"] + sum(policy["failed"].values()) == policy["offered"] > 90
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["run", "--quick", "--policies", "meridian,nope"], "unknown policies ['nope']"),
+        (["run", "--quick", "--scenarios", "storm"], "unknown scenarios ['storm']"),
+        (["run", "--quick", "--requests", "0"], "--requests must be at least 1"),
+        (["run", "--quick", "--workload", "nosuch.csv"], "neither conversation, code nor a CSV"),
+        (["fleet", "--gpus", "0"], "--gpus must be at least 1"),
+    ],
+)
+def test_bad_input_names_what_to_fix(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run(argv)[0] == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_malformed_trace_line_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace = tmp_path / "bad.csv"
+    trace.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n0.0,100,10\n0.1,abc,10\n")
+    code, _ = run(
+        [
+            "run",
+            "--quick",
+            "--workload",
+            str(trace),
+            "--scenarios",
+            "steady-50",
+            "--policies",
+            "meridian",
+            "--jobs",
+            "1",
+            "--no-plots",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "bad.csv" in err and "line 3" in err
+
+
+def test_an_empty_fleet_is_refused(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    fleet = tmp_path / "empty.yaml"
+    fleet.write_text(
+        yaml.safe_dump(
+            {
+                "redis_url": "redis://127.0.0.1:1/0",
+                "global": {"listen": "127.0.0.1:1", "location": {"lat": 0, "lon": 0}},
+                "regions": [],
+            }
+        )
+    )
+    code, _ = run(
+        [
+            "run",
+            "--fleet",
+            str(fleet),
+            "--quick",
+            "--jobs",
+            "1",
+            "--no-plots",
+            "--out",
+            str(tmp_path / "out"),
+        ]
+    )
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "meridian sim:" in err
