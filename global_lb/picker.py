@@ -3,7 +3,8 @@
 Each eligible region gets a score, lower is better:
 
     score_ms = RTT estimate (measured matrix when configured, else great-circle distance)
-             + expected queueing delay (the region summary's estimated wait; unknown = penalty)
+             + expected wait (the region's newest report, grown by the requests this tier
+               sent it since, common.capacity.summary.expected_wait_s; unknown = penalty)
 
 and an *availability* with Envoy's priority/overprovisioning semantics:
 
@@ -36,9 +37,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from common.basics.geo import GeoPoint, rtt_estimate_ms
+from common.capacity.summary import expected_wait_s
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.children import Child
-from common.request.pick import PickRequest
+from common.request.pick import PickRequest, sent_since_report
 from common.request.resilience import SlowStartConfig, ramp_factor
 
 OVERPROVISIONING = 1.4
@@ -53,8 +55,7 @@ FULL_REGION_SHARE = 0.0
 
 def full(region: Child, entry: capacity_pb2.ModelCapacity) -> bool:
     """No slot left in ``region``'s newest report, counting what was sent since."""
-    sent_since = max(0, region.outstanding_requests - region.outstanding_at_report)
-    return entry.free_slots - entry.queued_requests - sent_since <= 0
+    return entry.free_slots - entry.queued_requests - sent_since_report(region) <= 0
 
 
 def availability(healthy: int, total: int, ramp: float = 1.0) -> float:
@@ -110,7 +111,7 @@ class RegionPicker:
             if entry is None:
                 wait_ms, avail = UNKNOWN_WAIT_MS, ramp
             else:
-                wait_ms = 1000.0 * entry.estimated_wait_s
+                wait_ms = 1000.0 * expected_wait_s(entry, sent_since_report(region))
                 avail = availability(
                     entry.healthy_gpus + entry.unknown_children,
                     entry.total_gpus + entry.unknown_children,

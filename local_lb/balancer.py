@@ -46,6 +46,7 @@ from local_lb.cost import (
     gpu_completion_s,
     outstanding_work,
     request_work,
+    sharing,
 )
 from local_lb.handoff import QueueHandOff
 from local_lb.learning import RateLearner
@@ -248,13 +249,15 @@ class LocalBalancer:
             self.view.prefix.record(pick.prefix_blocks, gpu.name)
         work = request_work(pick.prompt_tokens, pick.max_tokens, cached * BLOCK_TOKENS)
         now = self.clock()
-        # The completion time the policy expects (work ahead excludes this request).
+        # What the policy expected, and the per-try basis (both exclude this request).
+        reported = self.view.reported_requests(gpu, now)
         ahead = outstanding_work(
             gpu.outstanding_work,
             gpu.outstanding_requests - 1,
-            self.view.reported_requests(gpu, now),
+            reported,
             gpu.slots,
         )
+        shared = sharing(gpu.outstanding_requests - 1, reported, gpu.slots)
         gpu.outstanding_work += work
         tenant = pick.tenant or ANONYMOUS_TENANT
         self.tenants.took(tenant)
@@ -276,7 +279,7 @@ class LocalBalancer:
             concurrent=gpu.outstanding_requests,
             holds_breaker=breaker,
             reason=reason,
-            estimated_s=gpu_completion_s(gpu, work, ahead),
+            estimated_s=gpu_completion_s(gpu, work, shared),
             expected_s=attempt_expected_s(gpu, work, ahead),
             policy=self.policy_name,
         )

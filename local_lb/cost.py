@@ -15,6 +15,9 @@ if TYPE_CHECKING:
     from local_lb.state import GpuChild
 
 PREFILL_WEIGHT = 0.05
+# Work (decode-token equivalents) per second of one A100 at a full batch: the seed of
+# each GPU's learned rate and the unit of its hardware speed.
+A100_WORK_PER_S = 2000.0
 # EWMA weight of a new service-rate observation.
 RATE_EWMA_ALPHA = 0.2
 # A GPU nobody has heard from lately is assumed this busy (fraction of its slots),
@@ -50,24 +53,36 @@ def outstanding_work(
     return own_inflight_work + foreign * max(mean, 1.0)
 
 
-def expected_completion_s(work_ahead: float, work: float, rate: float, share: float = 1.0) -> float:
-    """When a request of ``work`` would finish behind ``work_ahead`` at ``rate`` work/s.
+def sharing(own_inflight_requests: int, reported_requests: float | None, slots: int) -> float:
+    """Requests a new one would share a GPU's batch with.
 
-    ``share`` (0..1] is the slow-start factor: a warming GPU is treated as
-    proportionally slower so it receives proportionally less.
+    This tier's own in flight are known exactly; the GPU's report (running +
+    waiting) adds those of other routers. ``reported_requests`` is None when the
+    report is stale or missing: then a conservative share of the slots is assumed
+    busy, never zero.
     """
-    return (work_ahead + work) / (rate * share)
+    if reported_requests is None:
+        return own_inflight_requests + STALE_BUSY_FRACTION * slots
+    return max(float(own_inflight_requests), reported_requests)
 
 
-def gpu_completion_s(gpu: GpuChild, work: float, work_ahead: float) -> float:
-    """When a request of ``work`` would finish on ``gpu`` behind ``work_ahead``: the one
-    cost the default picker ranks by and a lease reports as its ``estimated_s``.
+def gpu_completion_s(gpu: GpuChild, work: float, shared_with: float) -> float:
+    """When a request of ``work`` would finish on ``gpu`` beside ``shared_with`` others:
+    the one cost the default picker ranks by and a lease reports as its ``estimated_s``.
 
-    The operator's weight (Admin ``SetWeight``) scales the learned rate: weight 2
-    looks twice as fast. The slow-start share is floored at 1e-3 so a GPU whose
-    share is (near) zero costs a lot rather than dividing by zero.
+    Under continuous batching a request does not wait for the work ahead of it: it
+    runs beside it, and what slows it is how many sequences share the GPU's steps
+    (processor sharing): ``work × (shared_with + 1) / rate``. The rate is the GPU's
+    hardware speed (class × throttle) in A100 work per second, times the operator's
+    weight (Admin ``SetWeight``) and the slow-start share (floored at 1e-3, so a
+    warming GPU costs a lot rather than dividing by zero). Not the learned rate: that
+    is throughput at the batch a GPU happened to run, so ranking by it sent more to
+    whichever GPU already held the biggest batch (the fleet simulator's finding,
+    README "The fleet simulator"); a GPU that runs slower than its class holds its
+    requests longer, and the count it is ranked by grows.
     """
-    return expected_completion_s(work_ahead, work, gpu.rate * gpu.weight, max(gpu.share, 1e-3))
+    rate = gpu.speed * A100_WORK_PER_S * gpu.weight * max(gpu.share, 1e-3)
+    return work * (shared_with + 1.0) / rate
 
 
 def attempt_expected_s(gpu: GpuChild, work: float, work_ahead: float) -> float:

@@ -1,19 +1,26 @@
 """CompletionTimePicker: the local tier's default policy.
 
-For each candidate GPU it estimates when this request would finish there:
+For each candidate GPU it estimates when this request would finish there
+(``local_lb.cost.gpu_completion_s``):
 
-    expected_completion_s = (work ahead + this request's work) / (learned rate × slow-start share)
+    expected_completion_s = this request's work × (requests sharing the GPU + 1)
+                            / (hardware speed × A100 rate × weight × slow-start share)
 
-*Work ahead* is what this tier has in flight on the GPU plus what the GPU
-reports waiting from elsewhere (a stale report counts as half busy, never
-idle). *This request's work* is its decode tokens plus the prefill of the
-prompt tokens the GPU does not already cache, so prefix-cache affinity is part
-of the same cost rather than a cache-first rule behind a load threshold: a
-warm GPU wins exactly while the prefill it saves outweighs the queue in front
-of it. The *rate* is learned per GPU from finished requests (EWMA), seeded from
-the hardware class, so an H100 takes about twice an A100's share with no
-hand-set weights, and a throttled GPU less. An operator's weight (Admin
-``SetWeight``, default 1) multiplies the learned rate.
+Under continuous batching a request does not queue behind the work in flight:
+it runs beside it, so what slows it is how many sequences share the GPU
+(processor sharing). *Sharing* is what this tier has in flight there, or what
+the GPU reports running and waiting when that is more (other routers); a stale
+report counts as half busy, never idle. *This request's work* is its decode
+tokens plus the prefill of the prompt tokens the GPU does not already cache, so
+prefix-cache affinity is part of the same cost rather than a cache-first rule
+behind a load threshold: a warm GPU wins exactly while the prefill it saves
+outweighs the batch it joins. The *speed* is the hardware class's (× the
+configured throttle), so an H100 takes about twice an A100's share with no
+hand-set weights; the learned rate is not used to rank (it is throughput at
+whatever batch a GPU ran, and ranking by it fed the GPU holding the biggest
+batch: the fleet simulator's finding). A GPU slower than its class holds its
+requests longer and its count grows. An operator's weight (Admin
+``SetWeight``, default 1) multiplies the speed. Ties go to a random candidate.
 
 Candidates (power of d choices, never the whole fleet): the session's GPU
 from a consistent-hash ring with bounded loads, up to four GPUs whose prefix
@@ -30,7 +37,7 @@ from dataclasses import dataclass, field
 from common.request.children import Child
 from common.request.pick import PickRequest
 from common.request.prefix import BLOCK_TOKENS
-from local_lb.cost import gpu_completion_s, outstanding_work, request_work
+from local_lb.cost import gpu_completion_s, request_work, sharing
 from local_lb.session import DEFAULT_EPSILON, BoundedLoadRing
 from local_lb.state import FreePool, GpuChild, LocalView
 
@@ -60,13 +67,8 @@ class CompletionTimePicker:
 
     def cost(self, gpu: GpuChild, request: PickRequest, cached_blocks: int, now: float) -> float:
         work = request_work(request.prompt_tokens, request.max_tokens, cached_blocks * BLOCK_TOKENS)
-        ahead = outstanding_work(
-            gpu.outstanding_work,
-            gpu.outstanding_requests,
-            self.view.reported_requests(gpu, now),
-            gpu.slots,
-        )
-        return gpu_completion_s(gpu, work, ahead)
+        shared = sharing(gpu.outstanding_requests, self.view.reported_requests(gpu, now), gpu.slots)
+        return gpu_completion_s(gpu, work, shared)
 
     def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
         pool = children if isinstance(children, FreePool) else FreePool.of(children)
@@ -84,8 +86,11 @@ class CompletionTimePicker:
                 candidates[name] = gpu
         for gpu in pool.sample(self.sample_size, self.rng):
             candidates[gpu.name] = gpu
+        # Ties (idle GPUs of one class) go to a random one, not always the first listed.
+        rand = self.rng.random
         scored = sorted(
-            candidates.values(), key=lambda g: self.cost(g, request, cached.get(g.name, 0), now)
+            candidates.values(),
+            key=lambda g: (self.cost(g, request, cached.get(g.name, 0), now), rand()),
         )
         if request.session:
             sticky = self.session_gpu(request.session, pool)

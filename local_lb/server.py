@@ -30,17 +30,13 @@ from common.tier.server import TierServer, source_id
 from common.tier.wiring import summary_publisher, tier_children
 from local_lb.admin import LocalAdmin, local_admin
 from local_lb.balancer import LocalBalancer
-from local_lb.cost import drain_rps
+from local_lb.cost import A100_WORK_PER_S, drain_rps
 from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.policies import picker_factory
 from local_lb.publication import LateBoundCallback
 from local_lb.queue import CentralQueue
 from local_lb.readiness import ReadinessRules, connection_ready
 from local_lb.state import GpuChild, LocalView
-
-# Work (decode-token equivalents) per second of one A100 at a full batch: the
-# seed of each GPU's learned rate, scaled by its hardware speed.
-A100_WORK_PER_S = 2000.0
 
 
 def gpu_child(cfg: GpuConfig, credentials: grpc.ChannelCredentials | None = None) -> GpuChild:
@@ -83,9 +79,13 @@ def zone_summary(
     now: float | None = None,
 ) -> capacity_pb2.CapacitySummary:
     """The zone's capacity per model, from this tier's view of its GPUs; ``now`` is the
-    view's clock (default: the monotonic clock the servers use)."""
+    view's clock (default: the monotonic clock the servers use).
+
+    ``estimated_wait_s`` is the queue's expected wait plus the work in flight over the
+    zone's learned throughput: what the tiers above compare with RTT."""
     models: dict[str, capacity_pb2.ModelCapacity] = {}
     busy: dict[str, int] = {}
+    backlog: dict[str, float] = {}
     now = time.monotonic() if now is None else now
     for gpu in view.gpus:
         sample = view.load.get(gpu.name, now, view.report_max_age_s)
@@ -98,6 +98,7 @@ def zone_summary(
             entry.total_slots += gpu.slots
             busy[model] = busy.get(model, 0) + min(gpu.outstanding_requests, gpu.slots)
             entry.token_throughput_capacity += gpu.rate
+            backlog[model] = backlog.get(model, 0.0) + gpu.outstanding_work
             if sample is not None:
                 entry.queued_requests += int(sample.waiting)
                 if sample.kv_cache_usage is not None:
@@ -113,6 +114,10 @@ def zone_summary(
         drain = drain_rps(view.by_model.get(model, ()))
         if entry.queued_requests and drain:
             entry.estimated_wait_s = entry.queued_requests / drain
+        if entry.token_throughput_capacity:
+            # The work in flight, drained at the zone's learned rate: under continuous
+            # batching a busier zone is a slower one long before a request must queue.
+            entry.estimated_wait_s += backlog.get(model, 0.0) / entry.token_throughput_capacity
     return capacity_pb2.CapacitySummary(
         source_id=source,
         sequence=sequence,

@@ -1,18 +1,24 @@
 """ZonePicker: the regional tier's one decision — which zone serves a request.
 
-Zone-aware routing in the manner of Envoy's: the request's own zone (the zone
-nearest its origin) keeps the request while it has *headroom* — free slots
-in its newest capacity report (summary or response hint) less what this tier
-has sent it since. When it has none, the request spills to the other zones
-with probability in proportion to their headroom, so the excess spreads over
-the zones that can take it. With no headroom anywhere, zones are tried in
-proximity order (the local tiers queue or shed). A zone that just came back
-keeps only its fail-back ramp's share of its own traffic, and other zones'
-headroom is scaled by theirs (slow start).
+Zones of a region are a millisecond or two apart, so load decides, not
+proximity. Each zone that may serve gets a score, lower is better:
+
+    score_ms = RTT estimate from the request's origin to the zone
+             + the zone's expected wait (its newest report, summary or response hint,
+               grown by the requests this tier sent it since: common.capacity.summary)
+
+and the zones are ranked by it: the request's own zone wins while no other is
+less busy by more than the distance, and between reports the zone that keeps
+receiving looks busier, so requests spread instead of herding to the one that
+looked best (the fleet simulator showed the old rule — own zone while it has a
+free slot — leaving zones of one region at 10 % and 19 % busy, README "The fleet
+simulator"). A zone with no slot left (headroom: free slots less queued and sent
+since) is scored ``FULL_ZONE_MS`` further away, so it is tried last; a zone with no
+fresh report is scored as ``UNKNOWN_WAIT_MS`` busy. A zone that just came back is
+considered only with its fail-back ramp's probability (slow start).
 
 Left out: zones down by direct evidence, and zones whose fresh summary says
-they have no healthy GPU for the model. A zone with no fresh report has
-unknown headroom and counts as having room (direct evidence says it is up).
+they have no healthy GPU for the model.
 """
 
 from __future__ import annotations
@@ -21,12 +27,17 @@ import random
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from common.basics.geo import GeoPoint, great_circle_km
+from common.basics.geo import GeoPoint, great_circle_km, rtt_estimate_ms
+from common.capacity.summary import expected_wait_s
 from common.request.children import Child
-from common.request.pick import PickRequest
+from common.request.pick import PickRequest, sent_since_report
 from common.request.resilience import SlowStartConfig, ramp_factor
 
 UNKNOWN_HEADROOM = 1.0
+# A zone with no fresh report is scored as if this busy; a zone with no slot left
+# as this much further away (it still ranks, for when every zone is full).
+UNKNOWN_WAIT_MS = 50.0
+FULL_ZONE_MS = 10_000.0
 
 
 def headroom(zone: Child, model: str, now: float, ttl_s: float) -> float:
@@ -34,8 +45,7 @@ def headroom(zone: Child, model: str, now: float, ttl_s: float) -> float:
     entry = zone.model_capacity(model, now, ttl_s)
     if entry is None:
         return UNKNOWN_HEADROOM
-    sent_since = max(0, zone.outstanding_requests - zone.outstanding_at_report)
-    return max(0.0, entry.free_slots - entry.queued_requests - sent_since)
+    return max(0.0, entry.free_slots - entry.queued_requests - sent_since_report(zone))
 
 
 @dataclass
@@ -52,22 +62,24 @@ class ZonePicker:
         zones = [c for c in children if c.may_serve(request.model, now, self.summary_ttl_s)]
         if not zones:
             return []
-        zones.sort(key=lambda z: great_circle_km(origin, z.location or self.home))
-        ramps = [ramp_factor(now - z.healthy_since, self.failback) for z in zones]
-        rooms = [
-            headroom(z, request.model, now, self.summary_ttl_s) * ramp
-            for z, ramp in zip(zones, ramps, strict=True)
-        ]
-        # The request's own zone keeps it while it has room (a zone just back takes
-        # only its ramp's share at first).
-        if rooms[0] > 0 and (ramps[0] >= 1.0 or self.rng.random() < ramps[0]):
-            return zones
-        total = sum(rooms[1:])
-        if total <= 0:
-            return zones
-        u = self.rng.random() * total
-        for i in range(1, len(zones)):
-            u -= rooms[i]
-            if u < 0:
-                return [zones[i], *zones[:i], *zones[i + 1 :]]
-        return zones
+        scored = []
+        for zone in zones:
+            ramp = ramp_factor(now - zone.healthy_since, self.failback)
+            if ramp < 1.0 and self.rng.random() >= ramp:
+                continue  # a zone just back takes only its ramp's share at first
+            scored.append((self.score_ms(zone, request.model, origin, now), zone))
+        if not scored:
+            return sorted(zones, key=lambda z: great_circle_km(origin, z.location or self.home))
+        scored.sort(key=lambda s: s[0])
+        ranked = [z for _, z in scored]
+        return ranked + [z for z in zones if z not in ranked]
+
+    def score_ms(self, zone: Child, model: str, origin: GeoPoint, now: float) -> float:
+        """Distance as RTT plus the zone's expected wait, grown by what was sent since."""
+        rtt = rtt_estimate_ms(origin, zone.location or self.home)
+        entry = zone.model_capacity(model, now, self.summary_ttl_s)
+        if entry is None:
+            return rtt + UNKNOWN_WAIT_MS
+        if entry.total_slots and headroom(zone, model, now, self.summary_ttl_s) <= 0:
+            return rtt + FULL_ZONE_MS + 1000.0 * entry.estimated_wait_s
+        return rtt + 1000.0 * expected_wait_s(entry, sent_since_report(zone))

@@ -105,6 +105,14 @@ def combine_replicas(
     return combined
 
 
+def expected_wait_s(entry: capacity_pb2.ModelCapacity, sent_since: int) -> float:
+    """A child's reported wait, grown by the ``sent_since`` requests its parent sent it
+    after the report: the wait scales with the requests in flight there, so between
+    reports a child that keeps receiving looks busier and the next one gets its turn."""
+    busy = max(1, entry.total_slots - entry.free_slots)
+    return entry.estimated_wait_s * (busy + sent_since) / busy
+
+
 CAPACITY_HINT = "x-meridian-capacity"
 _HINT_FIELDS = (
     ("h", "healthy_gpus"),

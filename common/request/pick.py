@@ -40,3 +40,9 @@ class Picker(Protocol):
     """Ranks the children that may serve a request, best first. Pure: no I/O."""
 
     def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]: ...
+
+
+def sent_since_report(child: Child) -> int:
+    """Requests this tier sent ``child`` since its newest capacity report (summary or
+    hint): load the report cannot show yet."""
+    return max(0, child.outstanding_requests - child.outstanding_at_report)

@@ -4,15 +4,16 @@ import pytest
 
 from common.config.node import Endpoint
 from local_lb.cost import (
+    A100_WORK_PER_S,
     PREFILL_WEIGHT,
     STALE_BUSY_FRACTION,
     attempt_expected_s,
     ewma,
-    expected_completion_s,
     gpu_completion_s,
     outstanding_work,
     rate_sample,
     request_work,
+    sharing,
 )
 from local_lb.state import GpuChild
 
@@ -42,14 +43,18 @@ def test_stale_report_is_never_idle() -> None:
     assert stale == STALE_BUSY_FRACTION * 16 > fresh_idle
 
 
-def test_faster_gpu_finishes_sooner() -> None:
-    assert expected_completion_s(100, 50, rate=2000) < expected_completion_s(100, 50, rate=1000)
+def test_sharing_is_own_in_flight_when_the_report_agrees_or_lags() -> None:
+    assert sharing(3, reported_requests=3, slots=16) == 3
+    assert sharing(3, reported_requests=1, slots=16) == 3  # ours not in the report yet
 
 
-def test_slow_start_share_makes_a_gpu_look_slower() -> None:
-    full = expected_completion_s(0, 100, rate=1000, share=1.0)
-    warming = expected_completion_s(0, 100, rate=1000, share=0.1)
-    assert warming == pytest.approx(10 * full)
+def test_sharing_counts_other_routers_requests_from_the_report() -> None:
+    assert sharing(2, reported_requests=5, slots=16) == 5
+
+
+def test_sharing_with_a_stale_report_is_never_idle() -> None:
+    assert sharing(0, reported_requests=None, slots=16) == STALE_BUSY_FRACTION * 16
+    assert sharing(0, reported_requests=0, slots=16) == 0
 
 
 def test_rate_sample_scales_by_batch() -> None:
@@ -66,31 +71,42 @@ def test_ewma_moves_a_fifth_of_the_way() -> None:
     assert ewma(100, 200) == pytest.approx(120)
 
 
-def gpu(rate: float = 1000.0, weight: float = 1.0, share: float = 1.0) -> GpuChild:
+def gpu(
+    speed: float = 1.0, weight: float = 1.0, share: float = 1.0, rate: float = 1.0
+) -> GpuChild:
     return GpuChild(
         name="g",
         endpoint=Endpoint("127.0.0.1", 1),
         models=frozenset({"m"}),
+        speed=speed,
         rate=rate,
         weight=weight,
         share=share,
     )
 
 
-def test_gpu_completion_divides_the_work_by_the_learned_rate() -> None:
-    assert gpu_completion_s(gpu(rate=1000.0), 100.0, 900.0) == pytest.approx(1.0)
+def test_gpu_completion_is_own_work_times_the_batch_over_the_hardware_speed() -> None:
+    # 100 work beside 9 others on an A100: 100 x 10 / 2000 work/s.
+    assert gpu_completion_s(gpu(), 100.0, 9.0) == pytest.approx(100 * 10 / A100_WORK_PER_S)
+    assert gpu_completion_s(gpu(speed=2.0), 100.0, 9.0) == pytest.approx(0.25)
+
+
+def test_gpu_completion_ignores_the_learned_rate() -> None:
+    """Throughput learned at whatever batch a GPU ran is not its speed: ranking by it
+    fed the GPU that already held the biggest batch."""
+    assert gpu_completion_s(gpu(rate=9000.0), 100.0, 9.0) == gpu_completion_s(gpu(), 100.0, 9.0)
 
 
 def test_gpu_completion_scales_the_rate_by_the_operators_weight() -> None:
-    assert gpu_completion_s(gpu(rate=1000.0, weight=2.0), 100.0, 900.0) == pytest.approx(0.5)
+    assert gpu_completion_s(gpu(weight=2.0), 100.0, 9.0) == pytest.approx(0.25)
 
 
 def test_gpu_completion_treats_a_warming_gpu_as_slower() -> None:
-    assert gpu_completion_s(gpu(rate=1000.0, share=0.5), 100.0, 900.0) == pytest.approx(2.0)
+    assert gpu_completion_s(gpu(share=0.1), 100.0, 9.0) == pytest.approx(5.0)
 
 
 def test_gpu_completion_floors_a_zero_share_instead_of_dividing_by_zero() -> None:
-    assert gpu_completion_s(gpu(rate=1000.0, share=0.0), 1.0, 0.0) == pytest.approx(1.0)
+    assert gpu_completion_s(gpu(share=0.0), 2.0, 0.0) == pytest.approx(1.0)
 
 
 def _gpu(rate: float = 2000.0, slots: int = 16) -> GpuChild:

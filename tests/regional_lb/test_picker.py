@@ -48,14 +48,33 @@ def test_own_zone_keeps_traffic_while_it_has_headroom() -> None:
     assert firsts(zs) == {"1a": 4000}
 
 
-def test_spill_in_proportion_to_headroom() -> None:
+def test_a_full_zone_passes_its_requests_to_the_zone_waiting_least() -> None:
     zs = zones()
-    with_summary(zs[0], 4, NOW, free_slots=0)
-    with_summary(zs[1], 4, NOW, free_slots=30)
-    with_summary(zs[2], 4, NOW, free_slots=10)
-    counts = firsts(zs)
-    assert "1a" not in counts
-    assert abs(counts["1b"] / 4000 - 0.75) < 0.04
+    with_summary(zs[0], 4, NOW, total_slots=64, free_slots=0)
+    with_summary(zs[1], 4, NOW, total_slots=64, free_slots=30, estimated_wait_s=0.2)
+    with_summary(zs[2], 4, NOW, total_slots=64, free_slots=10, estimated_wait_s=0.01)
+    assert firsts(zs) == {"1c": 4000}
+
+
+def test_a_busier_zone_loses_to_a_nearby_idle_one() -> None:
+    """Zones of a region are a millisecond apart: load, not proximity, decides."""
+    zs = zones()
+    with_summary(zs[0], 4, NOW, total_slots=64, free_slots=20, estimated_wait_s=0.3)
+    with_summary(zs[1], 4, NOW, total_slots=64, free_slots=50, estimated_wait_s=0.05)
+    with_summary(zs[2], 4, NOW, total_slots=64, free_slots=50, estimated_wait_s=0.05)
+    assert firsts(zs) == {"1b": 4000}
+
+
+def test_requests_sent_since_the_report_grow_a_zones_wait() -> None:
+    """Between reports the zone that kept receiving looks busier, so the next one gets
+    its turn instead of every request herding to the one that looked best."""
+    zs = zones()[:2]
+    for z in zs:
+        with_summary(z, 4, NOW, total_slots=64, free_slots=54, estimated_wait_s=0.1)
+    zs[0].outstanding_at_report, zs[0].outstanding_requests = 10, 16  # 6 sent since
+    assert names(picker().rank(request(ZONE_A), zs, NOW)) == ["1b", "1a"]
+    zs[0].outstanding_requests = 10
+    assert names(picker().rank(request(ZONE_A), zs, NOW)) == ["1a", "1b"]
 
 
 def test_no_headroom_anywhere_keeps_proximity_order() -> None:

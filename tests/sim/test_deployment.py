@@ -152,9 +152,10 @@ def test_every_request_is_served_once_and_latencies_are_real() -> None:
     kept, deployment = simulate(requests)
     assert sorted(s["id"] for s in kept.ok) == [r.id for r in requests]
     assert not kept.lost
-    # Clients near each region are served there while it has room.
+    # Clients near each region are mostly served there: the region picker leaves home
+    # only when the other region's wait is less by more than the RTT it adds.
     home = sum(1 for s in kept.ok if s["region"] == s["home_region"])
-    assert home > 0.9 * len(requests)
+    assert home > 0.6 * len(requests)
     # End-to-end covers prefill and decode on the GPU model plus the RTT.
     for s in kept.ok:
         assert s["e2e_s"] > s["ttft_s"] > s["rtt_ms"] / 1000
