@@ -1,0 +1,125 @@
+"""The validation bench's simulated side: the same zone and shots through the simulator.
+
+``run_sim`` builds a ``sim.deployment.SimDeployment`` of the same topology (its
+one region and zone, the local tier's real ``LocalBalancer`` over one ``SimGpu``
+per GPU at the topology's time scale) and routes every shot through
+``sim.flow.RequestFlow`` on a ``sim.clock`` simulated loop, with the servers'
+own pickers at every tier. The client stands at the region's location, so the
+flow adds no RTT. As the real side waits for the tier's first health check
+before sending, arrivals here start ``WARM_S`` after the deployment, once the
+first summaries have gone up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from bench.sim_validation_workload import Shot
+from common.config.topology import RegionConfig, Topology
+from common.request.pick import Picker
+from global_lb.server import region_picker
+from regional_lb.server import zone_picker
+from sim.clock import run_simulated
+from sim.deployment import SimDeployment, SimSettings, TierPolicies
+from sim.flow import RequestFlow
+from sim.requests import SimRequest
+
+WARM_S = 1.0
+
+
+@dataclass(frozen=True)
+class Meridian:
+    """The servers' own pickers at every tier (the stand-in for sim.policies' 'meridian')."""
+
+    name: str = "meridian"
+    local_policy: str = "default"
+
+    @staticmethod
+    def region_picker(topology: Topology, rng: random.Random) -> Picker:
+        return region_picker(topology, rng)
+
+    @staticmethod
+    def zone_picker(topology: Topology, region: RegionConfig, rng: random.Random) -> Picker:
+        return zone_picker(topology, region, rng)
+
+
+def meridian_policies() -> TierPolicies:
+    """``sim.policies.policy_set("meridian")`` when that module exists, else the stand-in."""
+    try:
+        from sim.policies import policy_set  # type: ignore[import-not-found,unused-ignore]
+    except ImportError:
+        return Meridian()
+    policies: TierPolicies = policy_set("meridian")
+    return policies
+
+
+@dataclass
+class _Kept:
+    """The flow's recorder: each served request's end-to-end time, and the failures."""
+
+    latencies_s: dict[int, float] = field(default_factory=dict)
+    gpu_of: dict[int, str] = field(default_factory=dict)
+    failures: Counter[str] = field(default_factory=Counter)
+
+    def served(self, req: SimRequest, **fate: Any) -> None:
+        self.latencies_s[req.id] = fate["e2e_s"]
+        self.gpu_of[req.id] = fate["gpu"]
+
+    def failed(self, req: SimRequest, **fate: Any) -> None:
+        self.failures[fate["code"]] += 1
+
+
+@dataclass
+class SimResult:
+    latencies_s: dict[int, float]  # id -> end-to-end, served requests
+    gpu_of: dict[int, str]
+    failed: dict[str, int]
+    requests_per_gpu: dict[str, int]
+    prefix_hit_share: float
+    mean_batch: dict[str, float]  # per GPU: running sequences, averaged over the run
+
+
+def run_sim(
+    topology: Topology,
+    shots: Sequence[Shot],
+    *,
+    seed: int = 1,
+    policies: TierPolicies | None = None,
+) -> SimResult:
+    """Route ``shots`` through the simulated deployment of ``topology``."""
+    return run_simulated(_run(topology, shots, seed, policies or meridian_policies()))
+
+
+async def _run(
+    topology: Topology, shots: Sequence[Shot], seed: int, policies: TierPolicies
+) -> SimResult:
+    loop = asyncio.get_running_loop()
+    deployment = SimDeployment(topology, policies, loop, SimSettings(seed=seed))
+    kept = _Kept()
+    flow = RequestFlow(deployment, kept)
+    deployment.start()
+    tasks = []
+    for shot in shots:
+        req = shot.sim_request(WARM_S)
+        delay = req.at_s - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(loop.create_task(flow.serve(req)))
+    await asyncio.gather(*tasks)
+    span = loop.time() - WARM_S
+    deployment.stop()
+    gpus = deployment.gpus
+    prompt = sum(g.prompt_tokens_total for g in gpus)
+    return SimResult(
+        latencies_s=kept.latencies_s,
+        gpu_of=kept.gpu_of,
+        failed=dict(kept.failures),
+        requests_per_gpu=dict(Counter(kept.gpu_of.values())),
+        prefix_hit_share=sum(g.cached_tokens_total for g in gpus) / prompt if prompt else 0.0,
+        mean_batch={g.name: g.slot_s / span for g in gpus},
+    )
