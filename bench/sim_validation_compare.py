@@ -15,18 +15,23 @@ from __future__ import annotations
 
 import asyncio
 import random
+import statistics
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from bench.report import pct
 from bench.sim_validation_real import RealResult, run_real
-from bench.sim_validation_sim import SimResult, run_sim
+from bench.sim_validation_sim import SimResult, run_sims
 from bench.sim_validation_workload import Shape, make_shots, zone_capacity_rps
 from common.config.topology import Topology
 
 P50_TOLERANCE = 0.10
 P90_TOLERANCE = 0.20
 P99_TOLERANCE = 0.20
+# Simulated runs per level beyond the first move each arrival later by up to this: the
+# order of the real client's own send lag (sim_validation_real's send_lag_s).
+SIM_JITTER_S = 0.002
 
 
 @dataclass(frozen=True)
@@ -45,6 +50,22 @@ class Quantiles:
         ms = [1000 * v for v in latencies_s]
         return cls(_pct(ms, 0.50), _pct(ms, 0.90), _pct(ms, 0.99), len(ms))
 
+    @property
+    def values(self) -> tuple[float, float, float]:
+        return self.p50_ms, self.p90_ms, self.p99_ms
+
+    @classmethod
+    def median_of(cls, runs: Sequence[Quantiles]) -> Quantiles:
+        """Each percentile's median over several runs (the smallest n)."""
+        p50, p90, p99 = (statistics.median(q.values[i] for q in runs) for i in range(3))
+        return cls(p50, p90, p99, min(q.n for q in runs))
+
+
+def spread(runs: Sequence[Quantiles], centre: Quantiles) -> tuple[float, float, float]:
+    """Per percentile, the largest relative distance of one run from ``centre``."""
+    p50, p90, p99 = (max(abs(q.values[i] / centre.values[i] - 1.0) for q in runs) for i in range(3))
+    return p50, p90, p99
+
 
 def _pct(values: Sequence[float], q: float) -> float:
     found = pct(values, q)
@@ -62,9 +83,13 @@ class LevelResult:
     rate_rps: float  # real requests per second
     requests: int
     real: Quantiles
-    sim: Quantiles
+    sim: Quantiles  # the median over the simulated runs
+    sim_runs: int
+    sim_spread: tuple[float, float, float]  # how far one simulated run strays from it
     real_codes: Mapping[str, int]
     sim_failed: Mapping[str, int]
+    real_retried: int
+    sim_retried: int
     real_per_gpu: Mapping[str, int]
     sim_per_gpu: Mapping[str, int]
     real_prefix_hit: float
@@ -115,27 +140,37 @@ def run_level(
     load: float,
     *,
     seed: int,
+    sim_runs: int,
     timeout_s: float,
     budget_s: float,
 ) -> LevelResult:
     """Both sides at ``load`` on ``topology`` (whose listeners must be free)."""
     rate = level_rate(topology, shapes, load)
     shots = make_shots(shapes, rate, random.Random(seed))
-    sim = run_sim(topology, shots, seed=seed)
+    sims = run_sims(topology, shots, runs=sim_runs, jitter_s=SIM_JITTER_S, seed=seed)
     real = asyncio.run(run_real(topology, shots, timeout_s=timeout_s, budget_s=budget_s))
-    return compare(load, rate, sim, real)
+    return compare(load, rate, sims, real)
 
 
-def compare(load: float, rate: float, sim: SimResult, real: RealResult) -> LevelResult:
+def compare(load: float, rate: float, sims: Sequence[SimResult], real: RealResult) -> LevelResult:
+    """The real run against the simulated runs (the first of them on the exact arrivals,
+    whose placements and cache figures the details show)."""
     real_ok = real.ok_latencies
+    runs = [Quantiles.of(list(s.latencies_s.values())) for s in sims]
+    centre = Quantiles.median_of(runs)
+    sim = sims[0]
     return LevelResult(
         load=load,
         rate_rps=rate,
         requests=len(real.samples),
         real=Quantiles.of(list(real_ok.values())),
-        sim=Quantiles.of(list(sim.latencies_s.values())),
+        sim=centre,
+        sim_runs=len(sims),
+        sim_spread=spread(runs, centre),
         real_codes=real.codes,
-        sim_failed=sim.failed,
+        sim_failed=dict(sum((Counter(s.failed) for s in sims), Counter())),
+        real_retried=real.retried,
+        sim_retried=sim.retried,
         real_per_gpu=real.requests_per_gpu,
         sim_per_gpu=sim.requests_per_gpu,
         real_prefix_hit=real.prefix_hit_share,
@@ -155,8 +190,8 @@ def verdict(ok: bool) -> str:
 
 TABLE_HEADER = (
     "| load | req/s | n | P50 real / sim ms | ratio | P90 real / sim ms | ratio "
-    "| P99 real / sim ms | ratio | P50 ±10% | P99 ±20% |\n"
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|"
+    "| P99 real / sim ms | ratio | sim runs' spread P50/P90/P99 | P50 ±10% | P99 ±20% |\n"
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|"
 )
 
 
@@ -168,7 +203,8 @@ def table_row(level: LevelResult) -> str:
         f"| {r.p50_ms:.0f} / {s.p50_ms:.0f} | {q50:.3f} "
         f"| {r.p90_ms:.0f} / {s.p90_ms:.0f} | {q90:.3f} "
         f"| {r.p99_ms:.0f} / {s.p99_ms:.0f} | {q99:.3f} "
-        f"| {verdict(level.p50_ok)} | {verdict(level.p99_ok)} |"
+        f"| ±{level.sim_spread[0]:.1%} / ±{level.sim_spread[1]:.1%} / ±{level.sim_spread[2]:.1%} "
+        f"({level.sim_runs}) | {verdict(level.p50_ok)} | {verdict(level.p99_ok)} |"
     )
 
 
@@ -184,7 +220,8 @@ def detail_row(level: LevelResult) -> str:
     failed = ", ".join(f"{c} {n}" for c, n in sorted(level.sim_failed.items())) or "none"
     return (
         f"| {level.load:.0%} | {placed} | {level.real_prefix_hit:.1%} / "
-        f"{level.sim_prefix_hit:.1%} | {batch} | {codes} / failed {failed} "
+        f"{level.sim_prefix_hit:.1%} | {batch} | {level.real_retried} / {level.sim_retried} "
+        f"| {codes} / failed {failed} "
         f"| {level.idle_overhead_ms:.1f} | {level.loop_lag_p99_ms:.1f} "
         f"| {level.process_cpu_cores:.2f} | {level.real_seconds:.0f} |"
     )
@@ -192,6 +229,7 @@ def detail_row(level: LevelResult) -> str:
 
 DETAIL_HEADER = (
     "| load | requests per GPU real/sim | prefix hit real / sim | mean batch real/sim "
-    "| real codes / sim failures | router at idle ms | loop lag P99 ms | CPU cores | real s |\n"
-    "|---:|---|---:|---|---|---:|---:|---:|---:|"
+    "| retried real / sim | real codes / sim failures | router at idle ms | loop lag P99 ms "
+    "| CPU cores | real s |\n"
+    "|---:|---|---:|---|---:|---|---:|---:|---:|---:|"
 )

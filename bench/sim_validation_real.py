@@ -62,7 +62,7 @@ class Sample:
 @dataclass
 class RealResult:
     samples: list[Sample]
-    requests_per_gpu: dict[str, int]
+    attempts_per_gpu: dict[str, int]  # requests the engines took (retries included)
     mean_batch: dict[str, float]  # per GPU: running sequences, sampled over the run
     prefix_hit_share: float  # prompt tokens served from the engines' prefix caches
     idle_overhead_ms: float  # median, one-token requests at idle
@@ -73,6 +73,16 @@ class RealResult:
     @property
     def ok_latencies(self) -> dict[int, float]:
         return {s.id: s.latency_s for s in self.samples if s.code == "OK"}
+
+    @property
+    def retried(self) -> int:
+        """Attempts beyond one per request: what per-try timeouts re-sent elsewhere."""
+        return sum(self.attempts_per_gpu.values()) - len(self.samples)
+
+    @property
+    def requests_per_gpu(self) -> dict[str, int]:
+        """Where the served requests were served (the route trailer's GPU)."""
+        return dict(Counter(s.gpu for s in self.samples if s.code == "OK"))
 
     @property
     def codes(self) -> dict[str, int]:
@@ -140,7 +150,7 @@ async def run_real(
         overhead = await _idle_overhead(stubs[0], topology, timeout_s)
         return RealResult(
             samples=samples,
-            requests_per_gpu=per_gpu,
+            attempts_per_gpu=per_gpu,
             mean_batch=monitor.mean_batch(),
             prefix_hit_share=hits / prompt if prompt else 0.0,
             idle_overhead_ms=overhead,

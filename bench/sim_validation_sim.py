@@ -16,7 +16,7 @@ import asyncio
 import random
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.sim_validation_workload import Shot
@@ -66,9 +66,12 @@ class _Kept:
     gpu_of: dict[int, str] = field(default_factory=dict)
     failures: Counter[str] = field(default_factory=Counter)
 
+    retried: int = 0
+
     def served(self, req: SimRequest, **fate: Any) -> None:
         self.latencies_s[req.id] = fate["e2e_s"]
         self.gpu_of[req.id] = fate["gpu"]
+        self.retried += fate["attempts"] > 1
 
     def failed(self, req: SimRequest, **fate: Any) -> None:
         self.failures[fate["code"]] += 1
@@ -79,9 +82,29 @@ class SimResult:
     latencies_s: dict[int, float]  # id -> end-to-end, served requests
     gpu_of: dict[int, str]
     failed: dict[str, int]
+    retried: int  # served requests that took more than one attempt (per-try timeouts)
     requests_per_gpu: dict[str, int]
     prefix_hit_share: float
     mean_batch: dict[str, float]  # per GPU: running sequences, averaged over the run
+
+
+def run_sims(
+    topology: Topology, shots: Sequence[Shot], *, runs: int, jitter_s: float, seed: int = 1
+) -> list[SimResult]:
+    """The first run on the exact arrivals, each further one on arrivals moved later by
+    up to ``jitter_s`` (seeded): how far the simulated quantiles move when the timing
+    moves as little as the real client's sends do. A router whose choices follow the
+    GPUs' state is chaotic: a millisecond sends one request elsewhere, and what follows
+    differs. One real run is one such draw; so is one simulated run."""
+    rng = random.Random(seed)
+    out = [run_sim(topology, shots, seed=seed)]
+    for i in range(1, runs):
+        moved = sorted(
+            (replace(s, at_s=s.at_s + rng.uniform(0.0, jitter_s)) for s in shots),
+            key=lambda s: s.at_s,
+        )
+        out.append(run_sim(topology, moved, seed=seed + i))
+    return out
 
 
 def run_sim(
@@ -119,6 +142,7 @@ async def _run(
         latencies_s=kept.latencies_s,
         gpu_of=kept.gpu_of,
         failed=dict(kept.failures),
+        retried=kept.retried,
         requests_per_gpu=dict(Counter(kept.gpu_of.values())),
         prefix_hit_share=sum(g.cached_tokens_total for g in gpus) / prompt if prompt else 0.0,
         mean_batch={g.name: g.slot_s / span for g in gpus},

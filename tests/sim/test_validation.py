@@ -1,13 +1,22 @@
 """The simulator against the real thing: emulated GPUs behind a real local tier (issue 11, item 2).
 
 The quick variant of ``bench.sim_validation``: one zone of mixed GPUs (H100,
-2× A100, V100), the same 250 open-loop Poisson arrivals of shared-prefix prompts
-sent to real ``sim.worker`` GPU servers behind a real local tier on loopback
-and routed through the simulator's deployment of the same topology. The
-simulated end-to-end P50 must be within 10 % and P99 within 20 % of the real
-one. Time scale 2 (emulated time half as fast as the cost model's seconds)
-keeps the router's few milliseconds per request small beside a request's GPU
-time, and the run short (about 10 s per level).
+2× A100, V100), the same 400 open-loop Poisson arrivals of shared-prefix prompts
+at 60 % and 85 % of the zone's capacity, sent to real ``sim.worker`` GPU servers
+behind a real local tier on loopback, and routed through the simulator's
+deployment of the same topology. The simulated end-to-end P50 must be within
+10 % and P99 within 20 % of the real one (P99 of 400 is the 4th largest: noisy,
+but the simulator's own spread across timing perturbations stays near ±13 %
+here, inside the 20 %). Time scale 2 (emulated time half as fast as the cost
+model's seconds) keeps the router's few milliseconds per request small beside a
+request's GPU time; the run takes about 30 s.
+
+The local tier's choices are chaotic (a millisecond moves a request to another
+GPU and all that follows differs), so the simulated figure is the median of
+five runs whose arrivals move by up to 2 ms, the order of the real client's own
+send lag; one run of either side strays from that median by ±5-10 % at P50 with
+400 requests. Measured over 40 such draws against their median, none strayed
+past the tolerances (worst 7.5 % at P50, 12.7 % at P99).
 
 The other tests check the instrument itself: the workload gives the simulator
 what the engine sees, and a GPU model 30 % off is caught.
@@ -24,15 +33,17 @@ import pytest
 from bench.sim_validation_compare import (
     P50_TOLERANCE,
     P99_TOLERANCE,
+    SIM_JITTER_S,
     LevelResult,
     Quantiles,
     compare,
     level_rate,
 )
-from bench.sim_validation_real import run_real
-from bench.sim_validation_sim import run_sim
+from bench.sim_validation_real import RealResult, run_real
+from bench.sim_validation_sim import run_sim, run_sims
 from bench.sim_validation_workload import (
     ShapeSpec,
+    Shot,
     draw_shapes,
     make_shots,
     mean_shape,
@@ -43,8 +54,14 @@ from common.basics.redis_embed import EmbeddedRedis
 from common.request.prefix import BLOCK_TOKENS, prompt_block_hashes
 from sim.requests import SIM_MODEL
 
-REQUESTS = 250
+REQUESTS = 400
 TIME_SCALE = 2.0
+SIM_RUNS = 5
+SEED = 7
+TRIES = 3
+# A quiet 2-core machine runs the real side's event loop 2-6 ms late at P99; at 20-30 ms
+# (other processes hogging both cores) its requests come out 10-15 % slow.
+LATE_LOOP_MS = 10.0
 NOWHERE = "redis://127.0.0.1:1/0"  # the simulator never dials Redis
 
 
@@ -54,8 +71,11 @@ def _check(level: LevelResult) -> None:
     where = (
         f"at {level.load:.0%}: real P50/P90/P99 {level.real.p50_ms:.0f}/{level.real.p90_ms:.0f}"
         f"/{level.real.p99_ms:.0f} ms, sim {level.sim.p50_ms:.0f}/{level.sim.p90_ms:.0f}"
-        f"/{level.sim.p99_ms:.0f} ms (ratios {q50:.3f}/{q90:.3f}/{q99:.3f}), "
-        f"per GPU real {dict(level.real_per_gpu)} sim {dict(level.sim_per_gpu)}"
+        f"/{level.sim.p99_ms:.0f} ms (ratios {q50:.3f}/{q90:.3f}/{q99:.3f}; one simulated "
+        f"run strays ±{level.sim_spread[0]:.1%}/±{level.sim_spread[2]:.1%} at P50/P99), "
+        f"per GPU real {dict(level.real_per_gpu)} sim {dict(level.sim_per_gpu)}, retried "
+        f"{level.real_retried}/{level.sim_retried}, real loop lag P99 "
+        f"{level.loop_lag_p99_ms:.1f} ms, router at idle {level.idle_overhead_ms:.1f} ms"
     )
     assert level.real_codes == {"OK": REQUESTS}, where
     assert not level.sim_failed and level.sim.n == REQUESTS, where
@@ -63,23 +83,41 @@ def _check(level: LevelResult) -> None:
     assert abs(q99 - 1) <= P99_TOLERANCE, where
 
 
+def _real_on_time(redis_url: str, shots: list[Shot]) -> RealResult:
+    """The real run, repeated (at most ``TRIES`` times) while it ran late: a busy machine
+    delays the emulated GPUs' steps and the router alike, and the comparison would then
+    measure the machine. Skips when no try ran on time."""
+    lags = []
+    for _ in range(TRIES):
+        topology = zone_topology(redis_url, time_scale=TIME_SCALE)  # fresh ports
+        real = asyncio.run(run_real(topology, shots, timeout_s=60.0, budget_s=60.0))
+        if real.loop_lag_p99_ms <= LATE_LOOP_MS:
+            return real
+        lags.append(f"{real.loop_lag_p99_ms:.0f}")
+    pytest.skip(
+        f"the machine is too busy for a timing comparison: the real side's event loop ran "
+        f"{'/'.join(lags)} ms late at P99 in {TRIES} tries (on time: <= {LATE_LOOP_MS:g} ms)"
+    )
+
+
 def test_simulated_latency_matches_emulated_gpus_behind_a_real_local_tier(
     redis_server: EmbeddedRedis,
 ) -> None:
-    shapes = draw_shapes(REQUESTS, ShapeSpec(), random.Random(7))
+    shapes = draw_shapes(REQUESTS, ShapeSpec(), random.Random(SEED))
+    topology = zone_topology(NOWHERE, time_scale=TIME_SCALE)  # what the simulator is given
     for load in (0.6, 0.85):
-        topology = zone_topology(redis_server.url, time_scale=TIME_SCALE)
         rate = level_rate(topology, shapes, load)
-        shots = make_shots(shapes, rate, random.Random(7))
-        real = asyncio.run(run_real(topology, shots, timeout_s=60.0, budget_s=60.0))
-        level = compare(load, rate, run_sim(topology, shots), real)
+        shots = make_shots(shapes, rate, random.Random(SEED))
+        sims = run_sims(topology, shots, runs=SIM_RUNS, jitter_s=SIM_JITTER_S, seed=SEED)
+        real = _real_on_time(redis_server.url, shots)
+        level = compare(load, rate, sims, real)
         _check(level)
         # Both sides' prefix caches served the same share of the prompts.
         assert level.sim_prefix_hit == pytest.approx(level.real_prefix_hit, abs=0.01)
         if load == 0.85:
             # The comparison catches a GPU model that is 30 % slow.
             slow = replace(topology, time_scale=1.3 * TIME_SCALE)
-            wrong = compare(load, rate, run_sim(slow, shots), real)
+            wrong = compare(load, rate, [run_sim(slow, shots)], real)
             assert wrong.ratios[0] > 1 + P50_TOLERANCE
             assert not wrong.passed
 
