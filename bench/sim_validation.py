@@ -9,7 +9,7 @@ against the simulator's deployment of the same topology in simulated time
 side, the ratio sim / real, and pass or fail against ±10 % at P50 and ±20 % at
 P99. Prints the table and writes ``bench/results/sim_validation.{json,md}``.
 
-    .venv/bin/python -m bench.sim_validation                  # full run, about 6 min
+    .venv/bin/python -m bench.sim_validation                  # full run, about 6 min on 2 cores
     .venv/bin/python -m bench.sim_validation --levels 0.6 --requests 300 --no-write
 """
 
@@ -56,8 +56,8 @@ CPU_NOTE = (
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.sim_validation", description=__doc__)
     p.add_argument("--levels", default="0.3,0.6,0.85", help="loads, fractions of capacity")
-    p.add_argument("--requests", type=int, default=1000, help="requests per level")
-    p.add_argument("--time-scale", type=float, default=3.0, help="emulated time, both sides")
+    p.add_argument("--requests", type=int, default=2000, help="requests per level")
+    p.add_argument("--time-scale", type=float, default=2.0, help="emulated time, both sides")
     p.add_argument("--hardware", default=",".join(DEFAULT_HARDWARE), help="the zone's GPUs")
     p.add_argument("--max-concurrency", type=int, default=16, help="slots per GPU")
     p.add_argument("--sim-runs", type=int, default=5, help="simulated runs per level")
@@ -134,7 +134,10 @@ def markdown(args: argparse.Namespace, levels: list[LevelResult], meta: dict[str
         f"{'/'.join(map(str, spec.system_prompt_words))} words, then user text of "
         f"{spec.user_words[0]}–{spec.user_words[1]} words and max_tokens "
         f"{spec.max_tokens[0]}–{spec.max_tokens[1]}, both log-uniform. Load = a fraction of "
-        "the zone's capacity from `sim.capacity` (which ignores prefix-cache hits).",
+        "the zone's capacity from `sim.capacity`, given the mean prompt that a warm prefix "
+        "cache leaves to prefill (the system prompts' whole blocks cached: `sim.capacity` "
+        "itself ignores cache hits, and 85 % of that figure would be about 55 % of what the "
+        "zone can do).",
         "",
         f"Pass: sim / real within ±{P50_TOLERANCE:.0%} at P50 and ±{P99_TOLERANCE:.0%} at "
         "P99 (end-to-end latency, ms), every request served on both sides. The sim figure is "

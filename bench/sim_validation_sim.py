@@ -4,10 +4,10 @@
 one region and zone, the local tier's real ``LocalBalancer`` over one ``SimGpu``
 per GPU at the topology's time scale) and routes every shot through
 ``sim.flow.RequestFlow`` on a ``sim.clock`` simulated loop, with the servers'
-own pickers at every tier. The client stands at the region's location, so the
-flow adds no RTT. As the real side waits for the tier's first health check
-before sending, arrivals here start ``WARM_S`` after the deployment, once the
-first summaries have gone up.
+own pickers at every tier (the ``meridian`` set of ``sim.policies``). The client
+stands at the region's location, so the flow adds no RTT. As the real side
+waits for the tier's first health check before sending, arrivals here start
+``WARM_S`` after the deployment, once the first summaries have gone up.
 """
 
 from __future__ import annotations
@@ -20,42 +20,14 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from bench.sim_validation_workload import Shot
-from common.config.topology import RegionConfig, Topology
-from common.request.pick import Picker
-from global_lb.server import region_picker
-from regional_lb.server import zone_picker
+from common.config.topology import Topology
 from sim.clock import run_simulated
 from sim.deployment import SimDeployment, SimSettings, TierPolicies
 from sim.flow import RequestFlow
+from sim.policies import MERIDIAN, policy_set
 from sim.requests import SimRequest
 
 WARM_S = 1.0
-
-
-@dataclass(frozen=True)
-class Meridian:
-    """The servers' own pickers at every tier (the stand-in for sim.policies' 'meridian')."""
-
-    name: str = "meridian"
-    local_policy: str = "default"
-
-    @staticmethod
-    def region_picker(topology: Topology, rng: random.Random) -> Picker:
-        return region_picker(topology, rng)
-
-    @staticmethod
-    def zone_picker(topology: Topology, region: RegionConfig, rng: random.Random) -> Picker:
-        return zone_picker(topology, region, rng)
-
-
-def meridian_policies() -> TierPolicies:
-    """``sim.policies.policy_set("meridian")`` when that module exists, else the stand-in."""
-    try:
-        from sim.policies import policy_set  # type: ignore[import-not-found,unused-ignore]
-    except ImportError:
-        return Meridian()
-    policies: TierPolicies = policy_set("meridian")
-    return policies
 
 
 @dataclass
@@ -115,7 +87,7 @@ def run_sim(
     policies: TierPolicies | None = None,
 ) -> SimResult:
     """Route ``shots`` through the simulated deployment of ``topology``."""
-    return run_simulated(_run(topology, shots, seed, policies or meridian_policies()))
+    return run_simulated(_run(topology, shots, seed, policies or policy_set(MERIDIAN)))
 
 
 async def _run(
