@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from bench.report import pct
 from bench.sim_validation_real import RealResult, run_real
-from bench.sim_validation_sim import SimResult, run_sims
+from bench.sim_validation_sim import SimResult, replay, run_sims
 from bench.sim_validation_workload import Shape, make_shots, zone_capacity_rps
 from common.config.topology import Topology
 
@@ -86,6 +86,8 @@ class LevelResult:
     sim: Quantiles  # the median over the simulated runs
     sim_runs: int
     sim_spread: tuple[float, float, float]  # how far one simulated run strays from it
+    # The GPU model alone: every request on the SimGpu the real tier chose.
+    replay: Quantiles
     real_codes: Mapping[str, int]
     sim_failed: Mapping[str, int]
     real_retried: int
@@ -105,6 +107,12 @@ class LevelResult:
     def ratios(self) -> tuple[float, float, float]:
         """sim / real at P50, P90, P99."""
         r, s = self.real, self.sim
+        return s.p50_ms / r.p50_ms, s.p90_ms / r.p90_ms, s.p99_ms / r.p99_ms
+
+    @property
+    def replay_ratios(self) -> tuple[float, float, float]:
+        """GPU model on the real placements / real, at P50, P90, P99."""
+        r, s = self.real, self.replay
         return s.p50_ms / r.p50_ms, s.p90_ms / r.p90_ms, s.p99_ms / r.p99_ms
 
     @property
@@ -149,12 +157,19 @@ def run_level(
     shots = make_shots(shapes, rate, random.Random(seed))
     sims = run_sims(topology, shots, runs=sim_runs, jitter_s=SIM_JITTER_S, seed=seed)
     real = asyncio.run(run_real(topology, shots, timeout_s=timeout_s, budget_s=budget_s))
-    return compare(load, rate, sims, real)
+    return compare(load, rate, sims, real, replay(topology, shots, real.gpu_of))
 
 
-def compare(load: float, rate: float, sims: Sequence[SimResult], real: RealResult) -> LevelResult:
+def compare(
+    load: float,
+    rate: float,
+    sims: Sequence[SimResult],
+    real: RealResult,
+    replayed: Mapping[int, float],
+) -> LevelResult:
     """The real run against the simulated runs (the first of them on the exact arrivals,
-    whose placements and cache figures the details show)."""
+    whose placements and cache figures the details show) and against the GPU model
+    replaying the real placements."""
     real_ok = real.ok_latencies
     runs = [Quantiles.of(list(s.latencies_s.values())) for s in sims]
     centre = Quantiles.median_of(runs)
@@ -167,6 +182,7 @@ def compare(load: float, rate: float, sims: Sequence[SimResult], real: RealResul
         sim=centre,
         sim_runs=len(sims),
         sim_spread=spread(runs, centre),
+        replay=Quantiles.of(list(replayed.values())),
         real_codes=real.codes,
         sim_failed=dict(sum((Counter(s.failed) for s in sims), Counter())),
         real_retried=real.retried,
@@ -190,8 +206,9 @@ def verdict(ok: bool) -> str:
 
 TABLE_HEADER = (
     "| load | req/s | n | P50 real / sim ms | ratio | P90 real / sim ms | ratio "
-    "| P99 real / sim ms | ratio | sim runs' spread P50/P90/P99 | P50 ±10% | P99 ±20% |\n"
-    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|"
+    "| P99 real / sim ms | ratio | sim runs' spread P50/P90/P99 | P50 ±10% | P99 ±20% "
+    "| GPU model on the real placements P50/P90/P99 |\n"
+    "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|:---:|---:|"
 )
 
 
@@ -204,7 +221,8 @@ def table_row(level: LevelResult) -> str:
         f"| {r.p90_ms:.0f} / {s.p90_ms:.0f} | {q90:.3f} "
         f"| {r.p99_ms:.0f} / {s.p99_ms:.0f} | {q99:.3f} "
         f"| ±{level.sim_spread[0]:.1%} / ±{level.sim_spread[1]:.1%} / ±{level.sim_spread[2]:.1%} "
-        f"({level.sim_runs}) | {verdict(level.p50_ok)} | {verdict(level.p99_ok)} |"
+        f"({level.sim_runs}) | {verdict(level.p50_ok)} | {verdict(level.p99_ok)} "
+        f"| {' / '.join(f'{x:.3f}' for x in level.replay_ratios)} |"
     )
 
 

@@ -80,6 +80,11 @@ class RealResult:
         return sum(self.attempts_per_gpu.values()) - len(self.samples)
 
     @property
+    def gpu_of(self) -> dict[int, str]:
+        """The GPU that served each request (OK only)."""
+        return {s.id: s.gpu for s in self.samples if s.code == "OK"}
+
+    @property
     def requests_per_gpu(self) -> dict[str, int]:
         """Where the served requests were served (the route trailer's GPU)."""
         return dict(Counter(s.gpu for s in self.samples if s.code == "OK"))

@@ -8,6 +8,9 @@ own pickers at every tier (the ``meridian`` set of ``sim.policies``). The client
 stands at the region's location, so the flow adds no RTT. As the real side
 waits for the tier's first health check before sending, arrivals here start
 ``WARM_S`` after the deployment, once the first summaries have gone up.
+
+``replay`` takes the routing out: each shot straight onto the ``SimGpu`` the
+real local tier chose, which tests the GPU model alone.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -24,6 +27,7 @@ from common.config.topology import Topology
 from sim.clock import run_simulated
 from sim.deployment import SimDeployment, SimSettings, TierPolicies
 from sim.flow import RequestFlow
+from sim.gpu_model import SimGpu, SimJob
 from sim.policies import MERIDIAN, policy_set
 from sim.requests import SimRequest
 
@@ -58,6 +62,40 @@ class SimResult:
     requests_per_gpu: dict[str, int]
     prefix_hit_share: float
     mean_batch: dict[str, float]  # per GPU: running sequences, averaged over the run
+
+
+def replay(
+    topology: Topology, shots: Sequence[Shot], gpu_of: Mapping[int, str]
+) -> dict[int, float]:
+    """Each shot on ``SimGpu`` alone, on the GPU ``gpu_of`` names (the real local tier's
+    choice), at its arrival: the GPU model's latencies with the routing taken out. A
+    request the real tier retried is put straight on the GPU that served it."""
+    return run_simulated(_replay(topology, shots, gpu_of))
+
+
+async def _replay(
+    topology: Topology, shots: Sequence[Shot], gpu_of: Mapping[int, str]
+) -> dict[int, float]:
+    loop = asyncio.get_running_loop()
+    gpus = {
+        g.name: SimGpu(g, loop, time_scale=topology.time_scale)
+        for r in topology.regions
+        for z in r.zones
+        for g in z.gpus
+    }
+    jobs: dict[int, SimJob] = {}
+    for shot in shots:
+        if shot.id not in gpu_of:
+            continue  # not served on the real side: nothing to place
+        delay = shot.at_s - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        jobs[shot.id] = gpus[gpu_of[shot.id]].submit(
+            shot.prompt_tokens, shot.max_tokens, shot.blocks
+        )
+    await asyncio.gather(*(job.done for job in jobs.values()))
+    at = {s.id: s.at_s for s in shots}
+    return {i: job.finished_at - at[i] for i, job in jobs.items()}
 
 
 def run_sims(
