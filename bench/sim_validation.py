@@ -151,7 +151,8 @@ def markdown(args: argparse.Namespace, levels: list[LevelResult], meta: dict[str
         "simulated draw strays from the median — the noise floor any single run's ratio "
         "carries. The last column takes the routing out: every request replayed on the "
         "`SimGpu` the real local tier chose for it, at its arrival (the GPU model alone, "
-        "over the real tier's placements).",
+        "over the real tier's placements; requests a per-try timeout retried are left out of "
+        "that column, their wasted first attempt being the timeout's, not the GPU model's).",
         "",
         TABLE_HEADER,
         *[table_row(level) for level in levels],

@@ -26,7 +26,7 @@ import contextlib
 import statistics
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -48,6 +48,7 @@ CHANNEL_OPTIONS = [("grpc.use_local_subchannel_pool", 1)]
 READY_TIMEOUT_S = 10.0
 LAG_SAMPLE_S = 0.02
 IDLE_PROBES = 20
+Generate = Callable[..., AsyncGenerator[str, None]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,7 @@ class Sample:
 class RealResult:
     samples: list[Sample]
     attempts_per_gpu: dict[str, int]  # requests the engines took (retries included)
+    retried_ids: frozenset[int]  # requests that reached a GPU more than once
     mean_batch: dict[str, float]  # per GPU: running sequences, sampled over the run
     prefix_hit_share: float  # prompt tokens served from the engines' prefix caches
     idle_overhead_ms: float  # median, one-token requests at idle
@@ -76,8 +78,8 @@ class RealResult:
 
     @property
     def retried(self) -> int:
-        """Attempts beyond one per request: what per-try timeouts re-sent elsewhere."""
-        return sum(self.attempts_per_gpu.values()) - len(self.samples)
+        """Requests a per-try timeout re-sent to another GPU."""
+        return len(self.retried_ids)
 
     @property
     def gpu_of(self) -> dict[int, str]:
@@ -128,12 +130,33 @@ class _Monitor:
                 self.batch_sum[w.gpu.name] += w.engine.running
 
 
+class _PromptLog:
+    """Counts the prompts every GPU engine is asked to generate for, by wrapping each
+    engine's ``generate`` on its instance (records only): a request whose prompt (unique
+    per request here) reached the engines twice was retried by a per-try timeout."""
+
+    def __init__(self, workers: ZoneWorkers) -> None:
+        self.seen: Counter[str] = Counter()
+        for worker in workers:
+            engine = worker.engine
+            real = engine.generate
+
+            def generate(
+                prompt: str, max_tokens: int, *, model: str = "", real: Generate = real
+            ) -> AsyncGenerator[str, None]:
+                self.seen[prompt] += 1
+                return real(prompt, max_tokens, model=model)
+
+            setattr(engine, "generate", generate)  # noqa: B010 (this instance only)
+
+
 async def run_real(
     topology: Topology, shots: Sequence[Shot], *, timeout_s: float, budget_s: float
 ) -> RealResult:
     """Serve ``shots`` on a fresh real zone; stop every server before returning."""
     async with contextlib.AsyncExitStack() as stack:
         workers, tier = await _start_zone(stack, topology)
+        prompts = _PromptLog(workers)
         stubs = []
         for _ in range(CHANNELS):
             channel = grpc.aio.insecure_channel(tier_address(topology), CHANNEL_OPTIONS)
@@ -156,6 +179,7 @@ async def run_real(
         return RealResult(
             samples=samples,
             attempts_per_gpu=per_gpu,
+            retried_ids=frozenset(s.id for s in shots if prompts.seen[s.prompt] > 1),
             mean_batch=monitor.mean_batch(),
             prefix_hit_share=hits / prompt if prompt else 0.0,
             idle_overhead_ms=overhead,
