@@ -7,8 +7,13 @@ tier puts on every answer, and at the GPU with the engine's load trailer. A
 failure with one of the tier's failover codes (``UPPER_TIER_FAILOVER`` above the
 local tier, ``LOCAL_FORWARDING_CODES`` at it) is retried on the next child after
 Envoy's jittered back-off, at most ``max_attempts`` times per tier, as
-``common.request.forwarding.Forwarder`` does; the retry budget and per-try
-timeouts are left out (no scenario here hangs a GPU). Network time is not
+``common.request.forwarding.Forwarder`` does. Each attempt has the tier's per-try
+timeout (``common.request.per_try.within_per_try``, the limit from the lease's
+expected service time, as the forwarder computes it): when it passes, the
+attempt below is cancelled — the GPU drops the job (``SimGpu.cancel``) — and
+the request fails over with DEADLINE_EXCEEDED. It fires on GPUs that are merely
+slower than the local tier's estimate, not only on hung ones. The retry budget
+is left out (it binds only when many retries run at once). Network time is not
 simulated as waiting: the request's RTT to the region that serves it is added
 to the latencies it reports, which is all it changes for a unary request.
 """
@@ -26,8 +31,9 @@ import grpc
 from common.basics.backoff import backoff_delay_s
 from common.basics.errors import RouteError
 from common.basics.geo import GeoPoint, rtt_estimate_ms
-from common.request.balancer import Balancer, Outcome
+from common.request.balancer import Balancer, Lease, Outcome
 from common.request.forwarding import UPPER_TIER_FAILOVER
+from common.request.per_try import PerTryExpired, within_per_try
 from common.request.pick import PickRequest
 from common.request.prefix import MAX_CARRIED_BLOCKS
 from local_lb.load_book import LOAD_TRAILER
@@ -78,12 +84,25 @@ class _Served:
 Below = Callable[[str, PickRequest, "_Served"], Awaitable[Trailers]]
 
 
+def _never_committed() -> bool:
+    """A unary answer goes back only once the attempt is over: never committed before."""
+    return False
+
+
 class _TierError(Exception):
     """A tier's answer other than OK, with the trailers it carried."""
 
-    def __init__(self, code: grpc.StatusCode, detail: str, trailers: Trailers = ()) -> None:
+    def __init__(
+        self,
+        code: grpc.StatusCode,
+        detail: str,
+        trailers: Trailers = (),
+        *,
+        timed_out: bool = False,
+    ) -> None:
         super().__init__(detail)
         self.code, self.detail, self.trailers = code, detail, trailers
+        self.timed_out = timed_out  # a per-try timeout: fails over whatever the code
 
 
 class RequestFlow:
@@ -102,6 +121,7 @@ class RequestFlow:
         self.rng = random.Random(deployment.rng.getrandbits(64))
         self._rtt = rtt_ms
         self._locations = {r.name: r.location for r in deployment.topology.regions}
+        self._per_try = deployment.topology.liveness.per_try_timeout
         self._home: dict[str, str] = {}
 
     def rtt_to(self, origin: GeoPoint, region: str) -> float:
@@ -182,18 +202,9 @@ class RequestFlow:
             tried.append(lease.child.name)
             started = self.loop.time()
             try:
-                trailers = await below(lease.child.name, pick, served)
+                trailers = await self._attempt(balancer, lease, started, pick, served, below)
             except _TierError as err:
-                balancer.release(
-                    lease,
-                    Outcome(
-                        err.code,
-                        self.loop.time() - started,
-                        trailers=err.trailers,
-                        detail=err.detail,
-                    ),
-                )
-                if err.code not in failover:
+                if err.code not in failover and not err.timed_out:
                     raise
                 error = err
                 continue
@@ -201,6 +212,38 @@ class RequestFlow:
             return lease.child.name
         assert error is not None
         raise error
+
+    async def _attempt(
+        self,
+        balancer: Balancer,
+        lease: Lease,
+        started: float,
+        pick: PickRequest,
+        served: _Served,
+        below: Below,
+    ) -> Trailers:
+        """One attempt under the tier's per-try timeout; a failure releases the lease and
+        raises ``_TierError`` (a per-try expiry as DEADLINE_EXCEEDED, ``timed_out``)."""
+        limit = self._per_try.limit_s(lease.expected_s, lease.work)
+        try:
+            return await within_per_try(
+                below(lease.child.name, pick, served), _never_committed, limit
+            )
+        except PerTryExpired as exc:
+            # Cancelled below (the GPU dropped the job): a failover, whatever the codes.
+            code, detail = grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
+            elapsed = self.loop.time() - started
+            balancer.release(lease, Outcome(code, elapsed, detail=detail, timed_out=True))
+            raise _TierError(code, detail, timed_out=True) from None
+        except asyncio.CancelledError:  # a per-try timeout above gave up on this attempt
+            elapsed = self.loop.time() - started
+            balancer.release(lease, Outcome(grpc.StatusCode.CANCELLED, elapsed))
+            raise
+        except _TierError as err:
+            elapsed = self.loop.time() - started
+            outcome = Outcome(err.code, elapsed, trailers=err.trailers, detail=err.detail)
+            balancer.release(lease, outcome)
+            raise
 
     async def _in_region(self, name: str, pick: PickRequest, served: _Served) -> Trailers:
         region: SimRegion = self.deployment.by_region[name]
@@ -233,7 +276,11 @@ class RequestFlow:
         gpu: SimGpu = zone.gpus[name]
         try:
             job = gpu.submit(pick.prompt_tokens, pick.max_tokens, served.blocks)
-            await job.done
+            try:
+                await job.done
+            except asyncio.CancelledError:  # the per-try timeout cancelled the call
+                gpu.cancel(job)
+                raise
         except GpuFailed as exc:
             raise _TierError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
         except GpuRefused as exc:

@@ -135,12 +135,50 @@ class SimGpu:
         head_blocked = bool(self.waiting)
         self.waiting.append(job)
         if not self._heap:
-            self._arm(self._steps, now)  # idle: the engine wakes and steps at once
+            if self._timer is None:
+                self._arm(self._steps, now)  # idle: the engine wakes and steps at once
+            # else a step whose every sequence was cancelled is still running: the
+            # engine admits at its end, where a boundary is armed.
         elif not head_blocked and self._fits(job):
             k = self._next_boundary(now)
             if k < self._timer_k:
                 self._arm(k, self._time_of(k))
         return job
+
+    def cancel(self, job: SimJob) -> None:
+        """The caller gave up on ``job`` (a per-try timeout cancelled its call).
+
+        As the engine's ``_release``: a waiting job leaves the queue; a running one
+        frees its slot and KV reservation at once, the step under way finishes at its
+        cost, and the next step runs the smaller batch and admits whoever now fits. A
+        finished or failed job is left alone. One difference is kept: a job cancelled
+        during its own prefill step leaves its blocks in the prefix cache (the engine
+        caches them only once that step ends; a per-try limit is at least a second,
+        a step milliseconds).
+        """
+        if not math.isnan(job.finished_at) or not self.up:
+            return
+        if job in self.waiting:
+            self.waiting.remove(job)
+            if self._heap and self.waiting and self._fits(self.waiting[0]):
+                k = self._next_boundary(self.loop.time())
+                if k < self._timer_k:
+                    self._arm(k, self._time_of(k))  # a new head fits: next step admits it
+        else:
+            at = next((i for i, (_, _, j) in enumerate(self._heap) if j is job), None)
+            if at is None:
+                return
+            now = self.loop.time()
+            k = self._next_boundary(now)
+            when = self._time_of(k)
+            self._account(now)
+            self._heap.pop(at)
+            heapq.heapify(self._heap)
+            self._reserved -= job.reservation
+            if k < self._timer_k:
+                self._arm(k, when)  # the batch changes from the next step
+        if not job.done.done():
+            job.done.cancel()
 
     def fail(self, reason: str) -> list[SimJob]:
         """The GPU dies: every job on it fails with GpuFailed, the prefix cache is lost."""

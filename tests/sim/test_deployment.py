@@ -215,3 +215,37 @@ def test_a_lost_zone_and_then_region_lose_no_request() -> None:
     assert after and all(s["region"] == "west" for s in after)
     between = [s for s in kept.ok if 12.0 < s["at"] < 19.0 and s["region"] == "east"]
     assert between and all(s["zone"] == "east-1" for s in between)
+
+
+def test_a_per_try_timeout_moves_a_request_off_a_gpu_slower_than_the_tier_thinks() -> None:
+    """One GPU runs 50x slower than its hardware class (the local tier's rate seed says):
+    the request sent there outlives the forwarder's per-try limit, is cancelled on that
+    GPU (its slot and KV freed) and served by another, two attempts in all."""
+
+    async def main() -> tuple[Recorder, SimDeployment, float]:
+        loop = asyncio.get_running_loop()
+        deployment = SimDeployment(fleet(2), Meridian(), loop)
+        recorder = Recorder()
+        flow = RequestFlow(deployment, recorder)
+        deployment.start()
+        zone = deployment.zones["east-0"]
+        gpus = list(zone.gpus.values())
+        # The GPU the tier ranks first for an idle zone: the fastest hardware class.
+        slow = max(gpus, key=lambda g: g.speed)
+        slow.set_speed(slow.speed / 50)
+        await asyncio.sleep(1.0)
+        req = SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100)
+        await flow.serve(req)
+        deployment.stop()
+        per_try = deployment.topology.liveness.per_try_timeout
+        return recorder, deployment, per_try.floor_s
+
+    kept, deployment, floor_s = run_simulated(main())
+    assert not kept.lost and len(kept.ok) == 1
+    served = kept.ok[0]
+    assert served["attempts"] == 2 and served["zone"] == "east-0"
+    slow = max(deployment.zones["east-0"].gpus.values(), key=lambda g: g.cfg.speed)
+    assert served["gpu"] != slow.name
+    assert slow.running == 0 and not slow.waiting and slow.kv_cache_usage == 0
+    # It waited out the per-try limit (at least its floor) before the second attempt.
+    assert served["e2e_s"] > floor_s

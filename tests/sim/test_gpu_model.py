@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import random
+from collections import Counter
 
 import pytest
 
@@ -133,3 +134,80 @@ def test_failure_fails_every_job_and_refuses_until_recovered() -> None:
             gpu.submit(7990, 20, [])
 
     run_simulated(main())
+
+
+Cancels = dict[int, float]
+
+
+async def _cancelling(
+    cfg: GpuConfig, arrivals: list[Arrival], cancels: Cancels, *, model: bool
+) -> tuple[dict[int, tuple[float, float]], Counter[str]]:
+    """Each request's (first, last) token times on the engine or on SimGpu, when
+    request i's caller gives up at ``cancels[i]`` (as a per-try timeout cancels it);
+    on SimGpu also where the cancelled requests were."""
+    loop = asyncio.get_running_loop()
+    engine = GpuEngine(cfg)
+    gpu = SimGpu(cfg, loop)
+    await engine.start()
+    times: dict[int, tuple[float, float]] = {}
+    where: Counter[str] = Counter()
+
+    async def on_engine(i: int, at: float, prompt: str, max_tokens: int) -> None:
+        await asyncio.sleep(at - loop.time())
+        first = None
+        async for _ in engine.generate(prompt, max_tokens):
+            first = first if first is not None else loop.time()
+        assert first is not None
+        times[i] = (first - at, loop.time() - at)
+
+    async def on_model(i: int, at: float, prompt: str, max_tokens: int) -> None:
+        await asyncio.sleep(at - loop.time())
+        job = gpu.submit(len(prompt.split()), max_tokens, prompt_block_hashes(prompt))
+        try:
+            await job.done
+        except asyncio.CancelledError:
+            where["waiting" if job in gpu.waiting else "running"] += 1
+            gpu.cancel(job)  # what sim.flow does when a per-try timeout cancels the attempt
+            raise
+        times[i] = (job.first_token_at - at, job.finished_at - at)
+
+    one = on_model if model else on_engine
+    tasks = [asyncio.create_task(one(i, *a)) for i, a in enumerate(arrivals)]
+    for i, when in cancels.items():
+        loop.call_at(when, tasks[i].cancel)
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await engine.stop()
+    if model:
+        assert gpu.running == 0 and not gpu.waiting and gpu.kv_cache_usage == 0
+    return times, where
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_cancelled_requests_free_their_slot_as_on_the_engine(seed: int) -> None:
+    """A fifth of the callers give up at random moments (waiting, running, or after the
+    end): every other request's times still match the engine's."""
+    cfg = _config(max_concurrency=4)
+    arrivals = _arrivals(seed=seed, n=200, rate=8.0)
+    rng = random.Random(seed)
+    cancels = {i: at + rng.uniform(0.0, 2.0) for i, (at, _, _) in enumerate(arrivals) if i % 5 == 0}
+    engine, _ = run_simulated(_cancelling(cfg, arrivals, cancels, model=False))
+    model, where = run_simulated(_cancelling(cfg, arrivals, cancels, model=True))
+    assert engine.keys() == model.keys()
+    assert where["waiting"] >= 3 and where["running"] >= 3  # the rest had finished
+    assert len(arrivals) - len(model) == where.total()
+    worst = max(max(abs(a - b) for a, b in zip(engine[i], model[i], strict=True)) for i in model)
+    assert worst < 1e-6
+
+
+def test_a_step_whose_only_sequence_was_cancelled_runs_to_its_end() -> None:
+    """Batch of one, cancelled mid-step; a request arriving before that step ends
+    starts at its end, not at once (the engine is still stepping)."""
+    cfg = _config(max_concurrency=1)
+    arrivals = [(0.0, " ".join(f"w{k}" for k in range(400)), 50), (0.03, "short prompt", 5)]
+    cancels = {0: 0.02}  # inside the first step: 400 prompt tokens take 80 ms to prefill
+    engine, _ = run_simulated(_cancelling(cfg, arrivals, cancels, model=False))
+    model, where = run_simulated(_cancelling(cfg, arrivals, cancels, model=True))
+    assert list(model) == [1] and where == {"running": 1}
+    first_step_s = 0.004 + 0.0002 + 0.0002 * 400
+    assert model[1][0] == pytest.approx(first_step_s - 0.03 + 0.004 + 0.0002 + 0.0002 * 2)
+    assert model[1] == pytest.approx(engine[1], abs=1e-9)
