@@ -3,7 +3,7 @@
 A drained GPU is out of the free pools at once (``GpuChild.usable``), so no
 new request and no queued one is bound to it, while the requests it runs
 finish and its health keeps being checked; the zone's summary counts it as
-having no capacity. A weight scales the GPU's learned rate in the default
+having no capacity. A weight scales the GPU's hardware speed in the default
 picker's cost. On reload a new GPU starts as down and joins once the monitor
 finds it serving (then ramps up through slow start); a removed one is
 drained, and once its requests have ended it is forgotten everywhere (monitor,

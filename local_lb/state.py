@@ -31,7 +31,7 @@ class GpuChild(Child):
     latency_ewma_s: float = 0.0
     ejected: bool = False
     share: float = 1.0  # slow-start factor, refreshed by the balancer
-    # Operator's weight (Admin SetWeight): scales the learned rate when picking.
+    # Operator's weight (Admin SetWeight): scales the hardware speed when picking.
     weight: float = 1.0
     # Its entry's ``tls`` when its channel was opened (a reload does not change it).
     tls: GpuTls | None = None

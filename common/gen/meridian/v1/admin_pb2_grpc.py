@@ -85,7 +85,7 @@ class AdminServicer:
         raise NotImplementedError('Method not implemented!')
 
     def SetWeight(self, request, context):
-        """Scale a GPU's share of its zone's traffic (1 = as its learned rate says).
+        """Scale a GPU's share of its zone's traffic (1 = as its hardware speed says).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
