@@ -196,16 +196,29 @@ async def _feed(
     loop: asyncio.AbstractEventLoop,
     progress: Progress | None,
 ) -> None:
-    """Start each request when it falls due; return when every one has ended."""
+    """Start each request when it falls due; return when every one has ended. A request
+    whose routing raised (a bug: every refusal is recorded as a failure) ends the run
+    with that exception rather than leaving a hole in the figures."""
     pending: set[asyncio.Task[None]] = set()
+    broken: list[BaseException] = []
+
+    def ended(task: asyncio.Task[None]) -> None:
+        pending.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            broken.append(task.exception())  # type: ignore[arg-type]
+
     for n, req in enumerate(requests, 1):
         delay = req.at_s - loop.time()
         if delay > 0:
             await asyncio.sleep(delay)
+        if broken:
+            break
         task = loop.create_task(serve(req))
         pending.add(task)
-        task.add_done_callback(pending.discard)
+        task.add_done_callback(ended)
         if progress is not None and n % 1000 == 0:
             progress(n)
     while pending:
-        await asyncio.gather(*list(pending))
+        await asyncio.wait(list(pending))
+    if broken:
+        raise broken[0]
