@@ -58,6 +58,11 @@ class CallRecord:
     route: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # True once the GPU server's own counts replaced the estimates above (the
+    # estimate is prompt words and max_tokens until the answer says otherwise).
+    tokens_reported: bool = False
+    # Seconds from ``started`` to the first response sent back (None: none was sent).
+    first_response_s: float | None = None
     # The tier's server span (the tracing observer's); decisions and attempts nest under it.
     span: Span = trace.INVALID_SPAN
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
