@@ -30,7 +30,7 @@ from sim.oracle import Oracle, PlacedGpu
 from sim.policies import ORACLE, policy_set
 from sim.requests import SimRequest
 from sim.scenarios import Scenario, apply, target_region
-from sim.workload import Boost, WorkloadSpec, generate, mean_request_shape
+from sim.workload import Boost, WorkloadSpec, generate
 
 Progress = Callable[[int], None]
 Serve = Callable[[SimRequest], Coroutine[Any, Any, None]]
@@ -72,7 +72,9 @@ class Geography:
 
 def arrival_rate(spec: RunSpec) -> float:
     """The scenario's load as requests per second of this fleet and workload."""
-    prompt, output, _ = mean_request_shape(spec.workload)
+    # Only the means: the shared-prefix fraction mean_request_shape also measures
+    # (by drawing 50 000 requests) plays no part in capacity.
+    prompt, output = spec.workload.shape.prompt.mean, spec.workload.shape.output.mean
     gpus = [g for r in spec.topology.regions for z in r.zones for g in z.gpus]
     return spec.scenario.load * fleet_capacity_rps(gpus, prompt, output)
 
