@@ -110,12 +110,15 @@ class PrefixIndex:
     GPUs, newest first. It approximates the GPUs' prefix caches without
     asking them: a block routed to a GPU is likely still cached there while it
     is recent. Bounded by ``capacity_blocks``; the oldest blocks fall out.
+    Holders are tuples of names, replaced rather than edited: a tuple of strings
+    is left out of the cyclic GC once seen, where a list per block (up to
+    ``capacity_blocks`` of them) would be scanned by every full collection.
     """
 
     def __init__(self, capacity_blocks: int = 200_000, holders_per_block: int = 4) -> None:
         self.capacity_blocks = capacity_blocks
         self.holders_per_block = holders_per_block
-        self._blocks: OrderedDict[int, list[str]] = OrderedDict()
+        self._blocks: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self.blocks_per_gpu: dict[str, int] = {}
 
     def __len__(self) -> int:
@@ -128,23 +131,25 @@ class PrefixIndex:
         common cases — a block not seen before, a block whose newest holder is
         already ``gpu`` — take one dict lookup and no list surgery."""
         blocks, per_gpu, limit = self._blocks, self.blocks_per_gpu, self.holders_per_block
+        only = (gpu,)  # one tuple for every block new here (tuples are immutable)
         added = 0
         for h in hashes:
             holders = blocks.get(h)
             if holders is None:
-                blocks[h] = [gpu]
+                blocks[h] = only
                 added += 1
                 continue
             blocks.move_to_end(h)
             if holders and holders[0] == gpu:
                 continue
             if gpu in holders:
-                holders.remove(gpu)
-            else:
-                added += 1
-                if len(holders) >= limit:
-                    per_gpu[holders.pop()] -= 1
-            holders.insert(0, gpu)
+                blocks[h] = (gpu, *(name for name in holders if name != gpu))
+                continue
+            added += 1
+            if len(holders) >= limit:
+                per_gpu[holders[-1]] -= 1
+                holders = holders[:-1]
+            blocks[h] = (gpu, *holders)
         if added:
             per_gpu[gpu] = per_gpu.get(gpu, 0) + added
         while len(blocks) > self.capacity_blocks:
@@ -172,10 +177,11 @@ class PrefixIndex:
 
     def forget(self, gpu: str) -> None:
         """A GPU left (or restarted with an empty cache): drop it everywhere, lazily cheap."""
-        for h in list(self._blocks):
-            holders = self._blocks[h]
+        blocks = self._blocks
+        for h in list(blocks):
+            holders = blocks[h]
             if gpu in holders:
-                holders.remove(gpu)
+                blocks[h] = tuple(name for name in holders if name != gpu)
         self.blocks_per_gpu.pop(gpu, None)
 
 
