@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -81,43 +82,32 @@ def zone_summary(
     """The zone's capacity per model, from this tier's view of its GPUs; ``now`` is the
     view's clock (default: the monotonic clock the servers use).
 
+    Runs on every publication (the cadence and each poke) over every GPU, so the
+    sums are kept in plain numbers per model and written to the message once.
     ``estimated_wait_s`` is the queue's expected wait plus the work in flight over the
     zone's learned throughput: what the tiers above compare with RTT."""
-    models: dict[str, capacity_pb2.ModelCapacity] = {}
-    busy: dict[str, int] = {}
-    backlog: dict[str, float] = {}
+    sums: dict[str, _ModelSums] = {}
     now = time.monotonic() if now is None else now
+    load, max_age = view.load, view.report_max_age_s
     for gpu in view.gpus:
-        sample = view.load.get(gpu.name, now, view.report_max_age_s)
-        for model in sorted(gpu.models):
-            entry = models.setdefault(model, capacity_pb2.ModelCapacity(model=model))
-            entry.total_gpus += 1
-            if not gpu.usable:
+        usable = gpu.usable
+        sample = load.get(gpu.name, now, max_age) if usable else None
+        for model in gpu.models:
+            acc = sums.get(model)
+            if acc is None:
+                acc = sums[model] = _ModelSums()
+            acc.total_gpus += 1
+            if not usable:
                 continue
-            entry.healthy_gpus += 1
-            entry.total_slots += gpu.slots
-            busy[model] = busy.get(model, 0) + min(gpu.outstanding_requests, gpu.slots)
-            entry.token_throughput_capacity += gpu.rate
-            backlog[model] = backlog.get(model, 0.0) + gpu.outstanding_work
+            acc.healthy_gpus += 1
+            acc.total_slots += gpu.slots
+            acc.busy += min(gpu.outstanding_requests, gpu.slots)
+            acc.throughput += gpu.rate
+            acc.backlog += gpu.outstanding_work
             if sample is not None:
-                entry.queued_requests += int(sample.waiting)
+                acc.queued += int(sample.waiting)
                 if sample.kv_cache_usage is not None:
-                    entry.kv_cache_usage += sample.kv_cache_usage * gpu.slots
-    for model, entry in models.items():
-        entry.tier_queued_requests = queue.depth_for_model(model)
-        entry.queued_requests += entry.tier_queued_requests
-        entry.busy_slots = busy.get(model, 0)
-        entry.free_slots = entry.total_slots - entry.busy_slots
-        if entry.total_slots:
-            entry.utilisation = busy.get(model, 0) / entry.total_slots
-            entry.kv_cache_usage /= entry.total_slots
-        drain = drain_rps(view.by_model.get(model, ()))
-        if entry.queued_requests and drain:
-            entry.estimated_wait_s = entry.queued_requests / drain
-        if entry.token_throughput_capacity:
-            # The work in flight, drained at the zone's learned rate: under continuous
-            # batching a busier zone is a slower one long before a request must queue.
-            entry.estimated_wait_s += backlog.get(model, 0.0) / entry.token_throughput_capacity
+                    acc.kv += sample.kv_cache_usage * gpu.slots
     return capacity_pb2.CapacitySummary(
         source_id=source,
         sequence=sequence,
@@ -125,8 +115,51 @@ def zone_summary(
         region=region,
         zone=zone,
         publisher_healthy=any(g.healthy for g in view.gpus),
-        models=[models[m] for m in sorted(models)],
+        models=[_model_capacity(m, sums[m], view, queue) for m in sorted(sums)],
     )
+
+
+@dataclass(slots=True)
+class _ModelSums:
+    """One model's running totals over a zone's GPUs (``zone_summary``)."""
+
+    total_gpus: int = 0
+    healthy_gpus: int = 0
+    total_slots: int = 0
+    busy: int = 0
+    throughput: float = 0.0
+    queued: int = 0
+    kv: float = 0.0
+    backlog: float = 0.0
+
+
+def _model_capacity(
+    model: str, acc: _ModelSums, view: LocalView, queue: CentralQueue
+) -> capacity_pb2.ModelCapacity:
+    tier_queued = queue.depth_for_model(model)
+    queued = acc.queued + tier_queued
+    entry = capacity_pb2.ModelCapacity(
+        model=model,
+        healthy_gpus=acc.healthy_gpus,
+        total_gpus=acc.total_gpus,
+        total_slots=acc.total_slots,
+        free_slots=acc.total_slots - acc.busy,
+        queued_requests=queued,
+        token_throughput_capacity=acc.throughput,
+        busy_slots=acc.busy,
+        tier_queued_requests=tier_queued,
+    )
+    if acc.total_slots:
+        entry.utilisation = acc.busy / acc.total_slots
+        entry.kv_cache_usage = acc.kv / acc.total_slots
+    drain = drain_rps(view.by_model.get(model, ()))
+    if queued and drain:
+        entry.estimated_wait_s = queued / drain
+    if acc.throughput:
+        # The work in flight, drained at the zone's learned rate: under continuous
+        # batching a busier zone is a slower one long before a request must queue.
+        entry.estimated_wait_s += acc.backlog / acc.throughput
+    return entry
 
 
 def gpu_details(view: LocalView, gpu: Child) -> dict[str, Any]:
