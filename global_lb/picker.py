@@ -101,12 +101,16 @@ class RegionPicker:
 
     def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
         scored: list[tuple[float, float, Child]] = []
+        model, allowed, ttl_s = request.model, request.allowed_regions, self.summary_ttl_s
+        # rtt() hoisted out of the loop: the request's row and origin, once per request.
+        row = self.rtt_ms.get(request.client_region or "")
+        origin = request.origin or self.home
         for region in children:
-            if request.allowed_regions and region.name not in request.allowed_regions:
+            if allowed and region.name not in allowed:
                 continue
-            if not region.may_serve(request.model, now, self.summary_ttl_s):
+            serves, entry = region.serving_capacity(model, now, ttl_s)
+            if not serves:
                 continue
-            entry = region.model_capacity(request.model, now, self.summary_ttl_s)
             ramp = ramp_factor(now - region.healthy_since, self.failback)
             if entry is None:
                 wait_ms, avail = UNKNOWN_WAIT_MS, ramp
@@ -119,7 +123,11 @@ class RegionPicker:
                 )
                 if entry.total_slots and full(region, entry):
                     avail *= FULL_REGION_SHARE
-            scored.append((self.rtt(request, region) + wait_ms, avail, region))
+            if row is not None and region.name in row:
+                rtt_ms = row[region.name]
+            else:
+                rtt_ms = rtt_estimate_ms(origin, region.location or self.home)
+            scored.append((rtt_ms + wait_ms, avail, region))
         if not scored:
             return []
         scored.sort(key=lambda s: s[0])

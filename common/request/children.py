@@ -97,10 +97,18 @@ class Child:
     def may_serve(self, model: str, now: float, ttl_s: float) -> bool:
         """Healthy by direct evidence, not drained, serves ``model``, and no fresh summary
         says it has no healthy GPU for it (a stale summary, or unknown parts, prove nothing)."""
+        return self.serving_capacity(model, now, ttl_s)[0]
+
+    def serving_capacity(
+        self, model: str, now: float, ttl_s: float
+    ) -> tuple[bool, capacity_pb2.ModelCapacity | None]:
+        """``may_serve`` and the ``model_capacity`` it looked at, in one look (a picker
+        wants both for every child of every request); the report is None when the
+        child may not serve or nothing fresh is known."""
         if not self.healthy or self.drained or model not in self.models:
-            return False
+            return False, None
         entry = self.model_capacity(model, now, ttl_s)
-        return entry is None or entry.healthy_gpus > 0 or entry.unknown_children > 0
+        return entry is None or entry.healthy_gpus > 0 or entry.unknown_children > 0, entry
 
 
 class ChildSet:
