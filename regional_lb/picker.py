@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 
 from common.basics.geo import GeoPoint, great_circle_km, rtt_estimate_ms
 from common.capacity.summary import expected_wait_s
+from common.gen.meridian.v1 import capacity_pb2
 from common.request.children import Child
 from common.request.pick import PickRequest, sent_since_report
 from common.request.resilience import SlowStartConfig, ramp_factor
@@ -42,7 +43,11 @@ FULL_ZONE_MS = 10_000.0
 
 def headroom(zone: Child, model: str, now: float, ttl_s: float) -> float:
     """Free slots this tier may still count on in ``zone`` (unknown: ``UNKNOWN_HEADROOM``)."""
-    entry = zone.model_capacity(model, now, ttl_s)
+    return headroom_in(zone, zone.model_capacity(model, now, ttl_s))
+
+
+def headroom_in(zone: Child, entry: capacity_pb2.ModelCapacity | None) -> float:
+    """``headroom`` from the zone's report ``entry`` (None: unknown)."""
     if entry is None:
         return UNKNOWN_HEADROOM
     return max(0.0, entry.free_slots - entry.queued_requests - sent_since_report(zone))
@@ -58,28 +63,39 @@ class ZonePicker:
     rng: random.Random = field(default_factory=random.Random)
 
     def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
-        origin = request.origin or self.home
-        zones = [c for c in children if c.may_serve(request.model, now, self.summary_ttl_s)]
-        if not zones:
+        origin, home = request.origin or self.home, self.home
+        # Each zone's report is looked at once, for may_serve and for its headroom.
+        serving = []
+        for zone in children:
+            serves, entry = zone.serving_capacity(request.model, now, self.summary_ttl_s)
+            if serves:
+                serving.append((zone, entry))
+        if not serving:
             return []
         scored = []
-        for zone in zones:
+        for zone, entry in serving:
             ramp = ramp_factor(now - zone.healthy_since, self.failback)
             if ramp < 1.0 and self.rng.random() >= ramp:
                 continue  # a zone just back takes only its ramp's share at first
-            scored.append((self.score_ms(zone, request.model, origin, now), zone))
+            scored.append((self.score_in(zone, entry, origin), zone))
+        zones = [zone for zone, _ in serving]
         if not scored:
-            return sorted(zones, key=lambda z: great_circle_km(origin, z.location or self.home))
+            return sorted(zones, key=lambda z: great_circle_km(origin, z.location or home))
         scored.sort(key=lambda s: s[0])
         ranked = [z for _, z in scored]
         return ranked + [z for z in zones if z not in ranked]
 
     def score_ms(self, zone: Child, model: str, origin: GeoPoint, now: float) -> float:
         """Distance as RTT plus the zone's expected wait, grown by what was sent since."""
+        return self.score_in(zone, zone.model_capacity(model, now, self.summary_ttl_s), origin)
+
+    def score_in(
+        self, zone: Child, entry: capacity_pb2.ModelCapacity | None, origin: GeoPoint
+    ) -> float:
+        """``score_ms`` from the zone's report ``entry`` (None: unknown)."""
         rtt = rtt_estimate_ms(origin, zone.location or self.home)
-        entry = zone.model_capacity(model, now, self.summary_ttl_s)
         if entry is None:
             return rtt + UNKNOWN_WAIT_MS
-        if entry.total_slots and headroom(zone, model, now, self.summary_ttl_s) <= 0:
+        if entry.total_slots and headroom_in(zone, entry) <= 0:
             return rtt + FULL_ZONE_MS + 1000.0 * entry.estimated_wait_s
         return rtt + 1000.0 * expected_wait_s(entry, sent_since_report(zone))
