@@ -19,9 +19,14 @@ from opentelemetry.trace import Span
 from common.basics.errors import RouteError
 from common.basics.geo import great_circle_km
 from common.capacity.summary import CAPACITY_HINT, decode_hint
+from common.gen.meridian.v1 import capacity_pb2
 from common.request.children import Child, ChildSet
 from common.request.pick import Picker, PickRequest
 from common.request.routing import trailer
+
+# Decoded capacity hints a RankingBalancer remembers (texts seen since its children
+# last published; more than enough for a tier's children between two publications).
+HINT_CACHE_SIZE = 1024
 
 # Status codes that say the child itself is broken or unreachable.
 CHILD_FAULT_CODES = frozenset(
@@ -103,6 +108,9 @@ class RankingBalancer:
     def __init__(self, picker: Picker, children: ChildSet) -> None:
         self.picker = picker
         self.children = children
+        # Decoded capacity hints by trailer text: a child answers with the same text
+        # until it publishes again, so most answers need no parsing (bounded).
+        self._hints: dict[tuple[str, str], capacity_pb2.ModelCapacity | None] = {}
 
     def ranked(self, pick: PickRequest) -> list[Child]:
         return self.picker.rank(pick, self.children.children, self.children.clock())
@@ -141,17 +149,40 @@ class RankingBalancer:
         origin = pick.origin
         if origin is None or child.location is None:
             return "ranked first"
-        nearest = min(
-            ranked, key=lambda c: great_circle_km(origin, c.location) if c.location else 1e9
-        )
-        return f"nearest {self.children.kind}" if nearest is child else "spill"
+        # ``child`` is the nearest as ``min`` over ``ranked`` by distance would find it:
+        # strictly nearer than every child before it, no farther than any after it.
+        km = great_circle_km(origin, child.location)
+        before = True
+        for c in ranked:
+            if c is child:
+                before = False
+                continue
+            other = great_circle_km(origin, c.location) if c.location else 1e9
+            if other < km or (before and other == km):
+                return "spill"
+        return f"nearest {self.children.kind}" if not before else "spill"
 
     def release(self, lease: Lease, outcome: Outcome) -> None:
         lease.child.outstanding_requests -= 1
         lease.child.outstanding_work -= lease.work
-        hint = decode_hint(trailer(outcome.trailers, CAPACITY_HINT), lease.model)
+        hint = self._hint(trailer(outcome.trailers, CAPACITY_HINT), lease.model)
         if outcome.child_fault and hint is None:
             # No hint: the child itself did not answer (a tier that answers with a
             # hint is up, and the hint says what it lacks).
             self.children.mark_failed(lease.child, f"{outcome.code.name}: {outcome.detail}")
         self.children.take_hint(lease.child, hint)
+
+    def _hint(self, value: str | None, model: str) -> capacity_pb2.ModelCapacity | None:
+        """``decode_hint``, remembered per text (a decoded hint is only read, never
+        written, so children answering with the same text may share it)."""
+        if not value:
+            return None
+        key = (value, model)
+        try:
+            return self._hints[key]
+        except KeyError:
+            pass
+        if len(self._hints) >= HINT_CACHE_SIZE:
+            self._hints.clear()
+        hint = self._hints[key] = decode_hint(value, model)
+        return hint
