@@ -12,10 +12,14 @@ import random
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import itemgetter
+from typing import cast
 
 from common.config.access import GpuTls
 from common.request.children import Child
 from local_lb.load_book import LoadBook
+
+_HOLDERS = itemgetter(1)  # of a (depth, holders) pair: a block somebody holds
 
 
 @dataclass(eq=False)
@@ -97,10 +101,10 @@ class FreePool(Sequence[GpuChild]):
         return pool
 
     def sample(self, k: int, rng: random.Random) -> list[GpuChild]:
-        n = len(self._items)
-        if n <= k:
+        if len(self._items) <= k:
             return list(self._items)
-        return [self._items[i] for i in rng.sample(range(n), k)]
+        # The same draws as sampling indexes (random.sample only indexes its population).
+        return rng.sample(self._items, k)
 
 
 class PrefixIndex:
@@ -131,15 +135,16 @@ class PrefixIndex:
         common cases — a block not seen before, a block whose newest holder is
         already ``gpu`` — take one dict lookup and no list surgery."""
         blocks, per_gpu, limit = self._blocks, self.blocks_per_gpu, self.holders_per_block
+        get, to_end = blocks.get, blocks.move_to_end
         only = (gpu,)  # one tuple for every block new here (tuples are immutable)
         added = 0
         for h in hashes:
-            holders = blocks.get(h)
+            holders = get(h)
             if holders is None:
                 blocks[h] = only
                 added += 1
                 continue
-            blocks.move_to_end(h)
+            to_end(h)
             if holders and holders[0] == gpu:
                 continue
             if gpu in holders:
@@ -164,10 +169,14 @@ class PrefixIndex:
         block i was sent blocks 0..i too. At most ``limit`` GPUs.
         """
         found: dict[str, int] = {}
-        for depth in range(len(hashes), 0, -1):
-            holders = self._blocks.get(hashes[depth - 1])
-            if not holders:
-                continue
+        # The lookups and the skipping of blocks nobody holds run in C (most of a
+        # prompt's blocks are its own): (depth, holders) from the deepest block up.
+        lookups = map(self._blocks.get, reversed(hashes))
+        held = cast(
+            Iterator[tuple[int, tuple[str, ...]]],
+            filter(_HOLDERS, zip(range(len(hashes), 0, -1), lookups, strict=True)),
+        )
+        for depth, holders in held:
             for name in holders:
                 if name not in found:
                     found[name] = depth
