@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import random
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 
 from common.config.gpu import GpuConfig
 from common.request.prefix import BLOCK_TOKENS, prompt_block_hashes
@@ -57,22 +58,28 @@ def step_cost_s(batch: int, prefill_tokens: int) -> float:
 
 
 class PrefixCache:
-    """LRU set of prompt-block hashes whose KV is still resident."""
+    """LRU set of prompt-block hashes whose KV is still resident.
+
+    A plain dict in recency order (least recent first): a block is made the most
+    recent by deleting and re-inserting it, which costs less than an OrderedDict's
+    move (every admission touches a whole prompt's blocks on a simulated fleet)."""
 
     def __init__(self, capacity_blocks: int) -> None:
         self.capacity_blocks = capacity_blocks
-        self._blocks: OrderedDict[int, None] = OrderedDict()
+        self._blocks: dict[int, None] = {}
 
     def __len__(self) -> int:
         return len(self._blocks)
 
-    def cached_blocks(self, hashes: list[int]) -> int:
+    def cached_blocks(self, hashes: Sequence[int]) -> int:
         """Length of the longest cached prefix, in blocks (touches the hits)."""
+        blocks = self._blocks
         n = 0
         for h in hashes:
-            if h not in self._blocks:
+            if h not in blocks:
                 break
-            self._blocks.move_to_end(h)
+            del blocks[h]
+            blocks[h] = None
             n += 1
         return n
 
@@ -85,12 +92,17 @@ class PrefixCache:
             n += 1
         return n
 
-    def insert(self, hashes: list[int]) -> None:
+    def insert(self, hashes: Sequence[int]) -> None:
+        """The blocks become the most recent, in order; the least recent fall out."""
+        blocks = self._blocks
+        pop = blocks.pop
         for h in hashes:
-            self._blocks[h] = None
-            self._blocks.move_to_end(h)
-        while len(self._blocks) > self.capacity_blocks:
-            self._blocks.popitem(last=False)
+            pop(h, None)
+            blocks[h] = None
+        excess = len(blocks) - self.capacity_blocks
+        if excess > 0:
+            for h in list(islice(blocks, excess)):
+                del blocks[h]
 
 
 @dataclass(frozen=True)

@@ -279,7 +279,7 @@ class SimGpu:
             self._reserved += job.reservation
             job.end_step = k + job.max_tokens
             heapq.heappush(self._heap, (job.end_step, next(self._order), job))
-            hit = self.prefix_cache.cached_blocks(list(job.block_hashes)) * BLOCK_TOKENS
+            hit = self.prefix_cache.cached_blocks(job.block_hashes) * BLOCK_TOKENS
             job.cached_tokens = min(hit, job.prompt_tokens)
             self.prompt_tokens_total += job.prompt_tokens
             self.cached_tokens_total += job.cached_tokens
@@ -287,5 +287,5 @@ class SimGpu:
         # The engine caches a prompt's blocks once its prefill step is done; every
         # sequence admitted together looked the cache up before any was inserted.
         for job in admitted:
-            self.prefix_cache.insert(list(job.block_hashes))
+            self.prefix_cache.insert(job.block_hashes)
         return admitted
