@@ -201,26 +201,59 @@ async def _feed(
     """Start each request when it falls due; return when every one has ended. A request
     whose routing raised (a bug: every refusal is recorded as a failure) ends the run
     with that exception rather than leaving a hole in the figures."""
-    pending: set[asyncio.Task[None]] = set()
-    broken: list[BaseException] = []
+    feed = _Feed(requests, serve, loop, progress)
+    feed.start_due()
+    await feed.fed
+    while feed.pending:
+        await asyncio.wait(list(feed.pending))
+    if feed.broken:
+        raise feed.broken[0]
 
-    def ended(task: asyncio.Task[None]) -> None:
-        pending.discard(task)
+
+class _Feed:
+    """Starts the requests as they fall due, on timers rather than a sleeping task.
+
+    It keeps the event order a task sleeping until each arrival had: a timer at the
+    same instant (``loop.time() + delay``, as ``asyncio.sleep`` sets it) whose
+    callback takes one more loop turn (as the sleeper's wake-up did) to start the
+    request's task — without a future and a task step per arrival."""
+
+    def __init__(
+        self,
+        requests: Iterator[SimRequest],
+        serve: Serve,
+        loop: asyncio.AbstractEventLoop,
+        progress: Progress | None,
+    ) -> None:
+        self.requests = enumerate(requests, 1)
+        self.serve, self.loop, self.progress = serve, loop, progress
+        self.pending: set[asyncio.Task[None]] = set()
+        self.broken: list[BaseException] = []
+        self.fed: asyncio.Future[None] = loop.create_future()
+        self._next: tuple[int, SimRequest] | None = next(self.requests, None)
+
+    def start_due(self) -> None:
+        """Start every request due now; arm a timer for the next one (or say all are
+        fed, or that feeding stopped because a request's routing raised)."""
+        loop, pending = self.loop, self.pending
+        while self._next is not None and not self.broken:
+            n, req = self._next
+            delay = req.at_s - loop.time()
+            if delay > 0:
+                loop.call_at(loop.time() + delay, self._due)
+                return
+            task = loop.create_task(self.serve(req))
+            pending.add(task)
+            task.add_done_callback(self._ended)
+            if self.progress is not None and n % 1000 == 0:
+                self.progress(n)
+            self._next = next(self.requests, None)
+        self.fed.set_result(None)
+
+    def _due(self) -> None:
+        self.loop.call_soon(self.start_due)
+
+    def _ended(self, task: asyncio.Task[None]) -> None:
+        self.pending.discard(task)
         if not task.cancelled() and task.exception() is not None:
-            broken.append(task.exception())  # type: ignore[arg-type]
-
-    for n, req in enumerate(requests, 1):
-        delay = req.at_s - loop.time()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        if broken:
-            break
-        task = loop.create_task(serve(req))
-        pending.add(task)
-        task.add_done_callback(ended)
-        if progress is not None and n % 1000 == 0:
-            progress(n)
-    while pending:
-        await asyncio.wait(list(pending))
-    if broken:
-        raise broken[0]
+            self.broken.append(task.exception())  # type: ignore[arg-type]
