@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import random
 
 import pytest
 
@@ -45,3 +46,50 @@ def test_the_collector_is_restored_when_the_run_raises() -> None:
         run_simulated(main())
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == frozen_before
+
+
+def test_waiting_for_what_can_never_happen_is_an_error_not_a_hang() -> None:
+    async def main() -> None:
+        await asyncio.get_running_loop().create_future()
+
+    with pytest.raises(RuntimeError, match="nothing scheduled and nothing ready"):
+        run_simulated(main())
+
+
+def _schedule(debug: bool) -> list[tuple[float, int]]:
+    """Random timers (many at the same instants, most cancelled, some re-armed from
+    callbacks) and sleeping tasks; what ran when."""
+    rng = random.Random(5)
+    seen: list[tuple[float, int]] = []
+
+    async def sleeper(i: int) -> None:
+        for _ in range(3):
+            await asyncio.sleep(rng.choice([0.0, 0.25, 0.5]))
+            seen.append((asyncio.get_running_loop().time(), 1000 + i))
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        loop.set_debug(debug)
+
+        def fire(i: int) -> None:
+            seen.append((loop.time(), i))
+            if i % 7 == 0:
+                loop.call_later(rng.choice([0.25, 1.0]), fire, i + 10_000)
+
+        handles = [loop.call_at(rng.choice([0.5, 1.0, 1.5, 2.0]), fire, i) for i in range(400)]
+        for h in rng.sample(handles, 260):  # past half: the heap is rebuilt
+            h.cancel()
+        await asyncio.gather(*(sleeper(i) for i in range(50)))
+        await asyncio.sleep(5.0)
+
+    run_simulated(main())
+    return seen
+
+
+def test_the_loop_runs_timers_and_tasks_in_exactly_the_order_asyncio_s_own_iteration_does() -> None:
+    # In debug mode the loop takes BaseEventLoop's own iteration; both must agree event
+    # for event, ties at one instant included (their order is the timer heap's).
+    lean, base = _schedule(debug=False), _schedule(debug=True)
+    assert len(lean) > 250
+    assert lean == base
+    assert [t for t, _ in lean] == sorted(t for t, _ in lean)
