@@ -147,6 +147,10 @@ def _run_gc() -> Iterator[None]:
     try:
         yield
     finally:
+        # What the run left young joins the oldest generation unscanned (freezing it
+        # first resets the young count), rather than making the default threshold set
+        # off a collection of up to RUN_GC_THRESHOLD objects, most about to be freed.
+        gc.freeze()
         gc.set_threshold(*thresholds)
         gc.unfreeze()
 
