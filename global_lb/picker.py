@@ -51,6 +51,8 @@ UNKNOWN_WAIT_MS = 100.0
 # simulator: without it a region far busier than its neighbours kept its clients,
 # queueing them, while the next region's GPUs idled).
 FULL_REGION_SHARE = 0.0
+# Origins whose estimated RTTs a picker keeps (client cities, declared regions).
+ESTIMATED_ORIGINS = 4096
 
 
 def full(region: Child, entry: capacity_pb2.ModelCapacity) -> bool:
@@ -88,6 +90,12 @@ class RegionPicker:
     rtt_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     failback: SlowStartConfig = field(default_factory=lambda: SlowStartConfig(window_s=10.0))
     rng: random.Random = field(default_factory=random.Random)
+    # Estimated RTTs by origin, then region: (the location it was estimated to, ms).
+    # Every pick needs every region's, and requests come from a bounded set of
+    # places; a region that moved (a reload) is estimated again. Bounded.
+    _estimates: dict[GeoPoint, dict[str, tuple[GeoPoint, float]]] = field(
+        default_factory=dict, init=False, repr=False
+    )
 
     def follow_rtt(self, rtt_ms: Mapping[str, Mapping[str, float]]) -> None:
         """A reloaded topology's measured RTT matrix replaces the one it started with."""
@@ -105,13 +113,16 @@ class RegionPicker:
         # rtt() hoisted out of the loop: the request's row and origin, once per request.
         row = self.rtt_ms.get(request.client_region or "")
         origin = request.origin or self.home
+        estimates = self._estimates_from(origin)
+        window_s = self.failback.window_s
         for region in children:
             if allowed and region.name not in allowed:
                 continue
             serves, entry = region.serving_capacity(model, now, ttl_s)
             if not serves:
                 continue
-            ramp = ramp_factor(now - region.healthy_since, self.failback)
+            since = now - region.healthy_since
+            ramp = 1.0 if since >= window_s else ramp_factor(since, self.failback)
             if entry is None:
                 wait_ms, avail = UNKNOWN_WAIT_MS, ramp
             else:
@@ -126,7 +137,13 @@ class RegionPicker:
             if row is not None and region.name in row:
                 rtt_ms = row[region.name]
             else:
-                rtt_ms = rtt_estimate_ms(origin, region.location or self.home)
+                location = region.location or self.home
+                known = estimates.get(region.name)
+                if known is not None and known[0] is location:
+                    rtt_ms = known[1]
+                else:
+                    rtt_ms = rtt_estimate_ms(origin, location)
+                    estimates[region.name] = (location, rtt_ms)
             scored.append((rtt_ms + wait_ms, avail, region))
         if not scored:
             return []
@@ -141,3 +158,11 @@ class RegionPicker:
             if u < 0:
                 return [ranked[i], *ranked[:i], *ranked[i + 1 :]]
         return ranked
+
+    def _estimates_from(self, origin: GeoPoint) -> dict[str, tuple[GeoPoint, float]]:
+        estimates = self._estimates.get(origin)
+        if estimates is None:
+            if len(self._estimates) >= ESTIMATED_ORIGINS:
+                self._estimates.clear()
+            estimates = self._estimates[origin] = {}
+        return estimates

@@ -198,3 +198,15 @@ def test_when_every_region_is_full_clients_stay_nearest() -> None:
     for r in rs:
         with_summary(r, healthy_gpus=4, received_at=99.5, total_slots=64, free_slots=0)
     assert first_counts(seeded(), request(EU), rs) == {"eu-west": 4000}
+
+
+def test_a_region_that_moves_is_scored_from_where_it_is_now() -> None:
+    # The picker keeps the RTTs it estimated per client place; a region moved by a
+    # reload (a new location) must be estimated again, not read from that memo.
+    picker, rs = RegionPicker(HOME, TTL), regions()
+    london = request(GeoPoint(51.5, -0.1))
+    assert names(picker.rank(london, rs, now=10)) == ["eu-west", "us-east", "ap-southeast"]
+    rs[1].location = AP  # eu-west now sits in Singapore
+    assert names(picker.rank(london, rs, now=10)) == ["us-east", "eu-west", "ap-southeast"]
+    rs[1].location = EU
+    assert names(picker.rank(london, rs, now=10))[0] == "eu-west"
