@@ -31,7 +31,7 @@ The session's GPU, when it has a free slot, is ranked first; the rest by cost.
 from __future__ import annotations
 
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from common.request.children import Child
@@ -66,9 +66,27 @@ class CompletionTimePicker:
         return view.by_name[name] if name is not None else None
 
     def cost(self, gpu: GpuChild, request: PickRequest, cached_blocks: int, now: float) -> float:
-        work = request_work(request.prompt_tokens, request.max_tokens, cached_blocks * BLOCK_TOKENS)
-        shared = sharing(gpu.outstanding_requests, self.view.reported_requests(gpu, now), gpu.slots)
-        return gpu_completion_s(gpu, work, shared)
+        """When ``request`` would finish on ``gpu``, which caches its first blocks."""
+        return self._costs(request, {gpu.name: cached_blocks}, now)(gpu)
+
+    def _costs(
+        self, request: PickRequest, cached: dict[str, int], now: float
+    ) -> Callable[[GpuChild], float]:
+        """``cost`` for each candidate of one request (by the blocks each caches), the
+        work of an uncached prompt computed once."""
+        prompt, max_tokens = request.prompt_tokens, request.max_tokens
+        uncached_work = request_work(prompt, max_tokens)
+        reported = self.view.reported_requests
+
+        def cost(gpu: GpuChild) -> float:
+            blocks = cached.get(gpu.name, 0)
+            work = (
+                request_work(prompt, max_tokens, blocks * BLOCK_TOKENS) if blocks else uncached_work
+            )
+            shared = sharing(gpu.outstanding_requests, reported(gpu, now), gpu.slots)
+            return gpu_completion_s(gpu, work, shared)
+
+        return cost
 
     def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
         pool = children if isinstance(children, FreePool) else FreePool.of(children)
@@ -87,11 +105,8 @@ class CompletionTimePicker:
         for gpu in pool.sample(self.sample_size, self.rng):
             candidates[gpu.name] = gpu
         # Ties (idle GPUs of one class) go to a random one, not always the first listed.
-        rand = self.rng.random
-        scored = sorted(
-            candidates.values(),
-            key=lambda g: (self.cost(g, request, cached.get(g.name, 0), now), rand()),
-        )
+        cost, rand = self._costs(request, cached, now), self.rng.random
+        scored = sorted(candidates.values(), key=lambda g: (cost(g), rand()))
         if request.session:
             sticky = self.session_gpu(request.session, pool)
             if sticky is not None:
