@@ -56,7 +56,7 @@ from local_lb.queue_entries import QueueFull, QueueRejected, QueueTimeout, Queue
 from local_lb.readiness import GpuReadiness, ReadinessRules, connection_ready
 from local_lb.resilience import GpuResilience
 from local_lb.slots import SlotLedger
-from local_lb.state import GpuChild, LocalView
+from local_lb.state import MATCH_MEMO_LIMIT, GpuChild, LocalView
 from local_lb.tenancy import TenantHeadroom
 
 
@@ -245,7 +245,7 @@ class LocalBalancer:
     ) -> Lease:
         cached = 0
         if pick.prefix_blocks:
-            cached = self.view.prefix.matches(pick.prefix_blocks, 8).get(gpu.name, 0)
+            cached = self.view.prefix.matches(pick.prefix_blocks, MATCH_MEMO_LIMIT).get(gpu.name, 0)
             self.view.prefix.record(pick.prefix_blocks, gpu.name)
         work = request_work(pick.prompt_tokens, pick.max_tokens, cached * BLOCK_TOKENS)
         now = self.clock()

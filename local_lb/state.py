@@ -12,6 +12,7 @@ import random
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from itertools import islice
 from operator import itemgetter
 from typing import cast
 
@@ -20,6 +21,9 @@ from common.request.children import Child
 from local_lb.load_book import LoadBook
 
 _HOLDERS = itemgetter(1)  # of a (depth, holders) pair: a block somebody holds
+# Most GPUs a question to PrefixIndex.matches is answered from its last walk for: the
+# balancer's lease asks for this many (after its picker asked for as many or fewer).
+MATCH_MEMO_LIMIT = 8
 
 
 @dataclass(eq=False)
@@ -124,6 +128,11 @@ class PrefixIndex:
         self.holders_per_block = holders_per_block
         self._blocks: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self.blocks_per_gpu: dict[str, int] = {}
+        # The last walk of ``matches`` (hashes, index version, GPUs found up to
+        # MATCH_MEMO_LIMIT): a pick and then its lease ask about the same prompt, and
+        # each walk is ~64 dict lookups into a large table (memory-bound).
+        self._version = 0
+        self._memo: tuple[tuple[int, ...], int, dict[str, int]] | None = None
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -134,6 +143,7 @@ class PrefixIndex:
         Runs for every request over up to ``MAX_CARRIED_BLOCKS`` blocks, so the
         common cases — a block not seen before, a block whose newest holder is
         already ``gpu`` — take one dict lookup and no list surgery."""
+        self._version += 1
         blocks, per_gpu, limit = self._blocks, self.blocks_per_gpu, self.holders_per_block
         get, to_end = blocks.get, blocks.move_to_end
         only = (gpu,)  # one tuple for every block new here (tuples are immutable)
@@ -166,8 +176,19 @@ class PrefixIndex:
         """GPUs holding a prefix of ``hashes`` and how many leading blocks each holds.
 
         Walks from the deepest block up; chained hashes mean a GPU that holds
-        block i was sent blocks 0..i too. At most ``limit`` GPUs.
+        block i was sent blocks 0..i too. At most ``limit`` GPUs: the first
+        ``limit`` a walk for more would find, so a walk for MATCH_MEMO_LIMIT is
+        kept for the next question about the same prompt (a tuple) until the
+        index changes.
         """
+        if limit > MATCH_MEMO_LIMIT or type(hashes) is not tuple:
+            return self._walk(hashes, limit)
+        memo = self._memo
+        if memo is None or memo[0] is not hashes or memo[1] != self._version:
+            memo = self._memo = (hashes, self._version, self._walk(hashes, MATCH_MEMO_LIMIT))
+        return dict(islice(memo[2].items(), limit))
+
+    def _walk(self, hashes: Sequence[int], limit: int) -> dict[str, int]:
         found: dict[str, int] = {}
         # The lookups and the skipping of blocks nobody holds run in C (most of a
         # prompt's blocks are its own): (depth, holders) from the deepest block up.
@@ -186,6 +207,7 @@ class PrefixIndex:
 
     def forget(self, gpu: str) -> None:
         """A GPU left (or restarted with an empty cache): drop it everywhere, lazily cheap."""
+        self._version += 1
         blocks = self._blocks
         for h in list(blocks):
             holders = blocks[h]

@@ -51,15 +51,24 @@ def test_records_matches_and_forgets_as_the_plain_rules_say(seed: int) -> None:
     rng = random.Random(seed)
     index, plain = PrefixIndex(capacity_blocks=300, holders_per_block=3), PlainIndex(300, 3)
     prompts = [[rng.getrandbits(60) for _ in range(rng.randint(1, 40))] for _ in range(12)]
-    gpus = [f"g{i}" for i in range(6)]
+    gpus = [f"g{i}" for i in range(12)]
     for step in range(3000):
         base = rng.choice(prompts)
         hashes = base[: rng.randint(1, len(base))] + [rng.getrandbits(60) for _ in range(3)]
-        limit = rng.choice([1, 4, 8])
-        assert index.matches(hashes, limit) == plain.matches(hashes, limit)
+        # Several questions about one prompt (a tuple: the last walk is kept for the next
+        # one), in any order of limits, some past what it keeps, and once as a list.
+        prompt = tuple(hashes)
+        for limit in rng.sample([1, 2, 4, 8, 12], 3):
+            assert index.matches(prompt, limit) == plain.matches(hashes, limit)
+        found = index.matches(prompt, 8)
+        found["someone"] = 1  # the caller's own copy: the kept walk is untouched
+        assert index.matches(prompt, 8) == plain.matches(hashes, 8)
+        assert index.matches(hashes, 4) == plain.matches(hashes, 4)
         gpu = rng.choice(gpus)
         index.record(hashes, gpu)
         plain.record(hashes, gpu)
+        # The same prompt asked about again once the index changed: walked afresh.
+        assert index.matches(prompt, 8) == plain.matches(hashes, 8)
         if step % 500 == 499:
             gone = rng.choice(gpus)
             index.forget(gone)
