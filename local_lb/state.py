@@ -12,9 +12,8 @@ import random
 from collections import OrderedDict
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from itertools import islice
+from itertools import groupby, islice
 from operator import itemgetter
-from typing import cast
 
 from common.config.access import GpuTls
 from common.request.children import Child
@@ -190,14 +189,14 @@ class PrefixIndex:
 
     def _walk(self, hashes: Sequence[int], limit: int) -> dict[str, int]:
         found: dict[str, int] = {}
-        # The lookups and the skipping of blocks nobody holds run in C (most of a
-        # prompt's blocks are its own): (depth, holders) from the deepest block up.
+        # In C (a walk is the deepest block up, most of a prompt's blocks its own, and
+        # blocks recorded together sharing their holders): the lookups, the skipping of
+        # blocks nobody holds, and of a run of blocks with the holders of the deepest
+        # one (they name no GPU that one did not). Python sees one block per run.
         lookups = map(self._blocks.get, reversed(hashes))
-        held = cast(
-            Iterator[tuple[int, tuple[str, ...]]],
-            filter(_HOLDERS, zip(range(len(hashes), 0, -1), lookups, strict=True)),
-        )
-        for depth, holders in held:
+        held = filter(_HOLDERS, zip(range(len(hashes), 0, -1), lookups, strict=True))
+        for holders, run in groupby(held, _HOLDERS):
+            depth = next(run)[0]
             for name in holders:
                 if name not in found:
                     found[name] = depth
