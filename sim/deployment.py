@@ -77,6 +77,12 @@ class SimZone:
     publisher: SimPublisher
     up: bool = True
 
+    def __post_init__(self) -> None:
+        # What a scrape of each GPU that answers says (immutable, so built once).
+        self.ready_checks = {
+            name: GpuCheck(True, "", frozenset(gpu.cfg.models)) for name, gpu in self.gpus.items()
+        }
+
 
 @dataclass(eq=False)
 class SimRegion:
@@ -223,7 +229,7 @@ class SimDeployment:
                             gpu.running, len(gpu.waiting), gpu.kv_cache_usage, now, "metrics"
                         ),
                     )
-                    readiness.probed(gpu.name, GpuCheck(True, "", frozenset(gpu.cfg.models)))
+                    readiness.probed(gpu.name, zone.ready_checks[gpu.name])
                 else:
                     readiness.probed(
                         gpu.name, GpuCheck(False, "connection refused", answered=False)
