@@ -14,12 +14,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import gc
 import heapq
+import math
 import selectors
 from asyncio import base_events
-from collections.abc import Coroutine, Iterator, Mapping
-from typing import Any, TypeVar
+from collections.abc import Callable, Coroutine, Iterator, Mapping
+from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
 
@@ -32,6 +34,7 @@ _BASE: Any = base_events  # its private parts are not in the type stubs
 _MIN_SCHEDULED: int = _BASE._MIN_SCHEDULED_TIMER_HANDLES
 _MIN_CANCELLED: float = _BASE._MIN_CANCELLED_TIMER_HANDLES_FRACTION
 _MAX_TIMEOUT: float = _BASE.MAXIMUM_SELECT_TIMEOUT
+_NAN = math.nan
 
 # Young-generation threshold of the cyclic GC during a run (CPython's default: 700).
 # A run keeps large long-lived structures (prefix indexes, caches, the fleet) and
@@ -90,42 +93,66 @@ class SimulatedLoop(asyncio.SelectorEventLoop):
     def advance(self, seconds: float) -> None:
         self._now += seconds
 
-    def _run_once(self) -> None:
-        """``BaseEventLoop._run_once`` (CPython 3.11) without the selector round trip,
-        the I/O event processing and the debug checks, none of which a simulated loop
-        needs: the same timer heap, in the same order, the same clock jumps
-        (``now + (when - now)``, as ``select(timeout)`` did) and the same handles run.
-        A simulated run is millions of iterations, a few per request."""
+    def call_at(  # type: ignore[override]
+        self,
+        when: float,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.TimerHandle:
+        """``BaseEventLoop.call_at``, the timer kept in the heap as ``(when, NaN, timer)``.
+
+        Compared as the timers themselves compare (``TimerHandle.__lt__`` is ``when <
+        when``; a fresh NaN is equal to nothing, and less than nothing, so ties stay
+        unordered), hence the same heap, but in C instead of a Python ``__lt__`` per
+        comparison: a run pushes and pops millions of timers."""
+        if when is None:
+            raise TypeError("when cannot be None")
         loop: Any = self  # BaseEventLoop's private state is not in the type stubs
+        loop._check_closed()
         if loop._debug:
-            super()._run_once()  # type: ignore[misc]
-            return
+            loop._check_thread()
+            loop._check_callback(callback, "call_at")
+        timer: Any = asyncio.TimerHandle(when, callback, args, self, context)
+        if timer._source_traceback:
+            del timer._source_traceback[-1]
+        heapq.heappush(loop._scheduled, (timer._when, -_NAN, timer))
+        timer._scheduled = True
+        return cast(asyncio.TimerHandle, timer)
+
+    def _run_once(self) -> None:
+        """``BaseEventLoop._run_once`` (CPython 3.11) over ``call_at``'s heap, without the
+        selector round trip, the I/O event processing and the debug checks, none of
+        which a simulated loop needs: the same clean-ups, the same clock jumps (``now +
+        (when - now)``, as ``select(timeout)`` did) and the same handles in the same
+        order. A simulated run is millions of iterations, a few per request."""
+        loop: Any = self
         scheduled = loop._scheduled
         count = len(scheduled)
         if count > _MIN_SCHEDULED and loop._timer_cancelled_count / count > _MIN_CANCELLED:
             kept = []
-            for handle in scheduled:
-                if handle._cancelled:
-                    handle._scheduled = False
+            for entry in scheduled:
+                if entry[2]._cancelled:
+                    entry[2]._scheduled = False
                 else:
-                    kept.append(handle)
+                    kept.append(entry)
             heapq.heapify(kept)
             loop._scheduled = scheduled = kept
             loop._timer_cancelled_count = 0
         else:
-            while scheduled and scheduled[0]._cancelled:
+            while scheduled and scheduled[0][2]._cancelled:
                 loop._timer_cancelled_count -= 1
-                heapq.heappop(scheduled)._scheduled = False
+                heapq.heappop(scheduled)[2]._scheduled = False
         ready = loop._ready
         if not ready and not loop._stopping:
             if not scheduled:
                 raise RuntimeError(_NOTHING_SCHEDULED)
-            timeout = min(max(0, scheduled[0]._when - self._now), _MAX_TIMEOUT)
+            timeout = min(max(0, scheduled[0][0] - self._now), _MAX_TIMEOUT)
             if timeout > 0:
                 self._now += timeout
         end_time = self._now + self._clock_resolution
-        while scheduled and scheduled[0]._when < end_time:
-            handle = heapq.heappop(scheduled)
+        while scheduled and scheduled[0][0] < end_time:
+            handle = heapq.heappop(scheduled)[2]
             handle._scheduled = False
             ready.append(handle)
         for _ in range(len(ready)):

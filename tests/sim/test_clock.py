@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from sim.clock import RUN_GC_THRESHOLD, run_simulated
+from sim.clock import RUN_GC_THRESHOLD, SimulatedLoop, run_simulated
 
 
 def test_sleeping_moves_simulated_time_not_wall_time() -> None:
@@ -56,8 +56,15 @@ def test_waiting_for_what_can_never_happen_is_an_error_not_a_hang() -> None:
         run_simulated(main())
 
 
-def _schedule(debug: bool) -> list[tuple[float, int]]:
-    """Random timers (many at the same instants, most cancelled, some re-armed from
+class _AsyncioIteration(SimulatedLoop):
+    """The simulated clock with asyncio's own timer heap and loop iteration."""
+
+    call_at = asyncio.BaseEventLoop.call_at  # type: ignore[assignment]
+    _run_once = asyncio.BaseEventLoop._run_once  # type: ignore[attr-defined]
+
+
+def _schedule(loop: SimulatedLoop) -> list[tuple[float, int]]:
+    """Random timers (many at the same instants, most cancelled, some set from
     callbacks) and sleeping tasks; what ran when."""
     rng = random.Random(5)
     seen: list[tuple[float, int]] = []
@@ -68,9 +75,6 @@ def _schedule(debug: bool) -> list[tuple[float, int]]:
             seen.append((asyncio.get_running_loop().time(), 1000 + i))
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        loop.set_debug(debug)
-
         def fire(i: int) -> None:
             seen.append((loop.time(), i))
             if i % 7 == 0:
@@ -82,14 +86,16 @@ def _schedule(debug: bool) -> list[tuple[float, int]]:
         await asyncio.gather(*(sleeper(i) for i in range(50)))
         await asyncio.sleep(5.0)
 
-    run_simulated(main())
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
     return seen
 
 
-def test_the_loop_runs_timers_and_tasks_in_exactly_the_order_asyncio_s_own_iteration_does() -> None:
-    # In debug mode the loop takes BaseEventLoop's own iteration; both must agree event
-    # for event, ties at one instant included (their order is the timer heap's).
-    lean, base = _schedule(debug=False), _schedule(debug=True)
-    assert len(lean) > 250
-    assert lean == base
-    assert [t for t, _ in lean] == sorted(t for t, _ in lean)
+def test_the_loop_runs_timers_and_tasks_in_exactly_the_order_asyncio_s_own_loop_does() -> None:
+    # Event for event, ties at one instant included (their order is the timer heap's).
+    ours, theirs = _schedule(SimulatedLoop()), _schedule(_AsyncioIteration())
+    assert len(ours) > 250
+    assert ours == theirs
+    assert [t for t, _ in ours] == sorted(t for t, _ in ours)
