@@ -8,6 +8,7 @@ from local_lb.cost import (
     PREFILL_WEIGHT,
     STALE_BUSY_FRACTION,
     attempt_expected_s,
+    drain_rps,
     ewma,
     gpu_completion_s,
     outstanding_work,
@@ -129,3 +130,17 @@ def test_weight_and_slow_start_never_shorten_the_expected_attempt() -> None:
     plain = attempt_expected_s(gpu, 400, 0)
     gpu.weight, gpu.share = 4.0, 0.1
     assert attempt_expected_s(gpu, 400, 0) == plain
+
+
+def test_drain_counts_the_usable_gpus_slots_over_their_latency() -> None:
+    def gpu(name: str, slots: int, latency: float) -> GpuChild:
+        g = GpuChild(name=name, endpoint=Endpoint("127.0.0.1", 1), models=frozenset({"m"}))
+        g.slots, g.latency_ewma_s = slots, latency
+        return g
+
+    fast, slow, new = gpu("a", 16, 0.5), gpu("b", 8, 2.0), gpu("c", 4, 0.0)
+    down, ejected, drained = gpu("d", 99, 1.0), gpu("e", 99, 1.0), gpu("f", 99, 1.0)
+    down.healthy, ejected.ejected, drained.drained = False, True, True
+    # 16 / 0.5 + 8 / 2 + 4 / 1 (no latency learned yet: 1 s); the others are not usable.
+    assert drain_rps([fast, slow, new, down, ejected, drained]) == 32 + 4 + 4
+    assert drain_rps([down]) == 0
