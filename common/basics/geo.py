@@ -14,10 +14,19 @@ ROUTE_STRETCH = 1.5
 
 @dataclass(frozen=True)
 class GeoPoint:
-    """A latitude/longitude pair in degrees."""
+    """A latitude/longitude pair in degrees.
+
+    Its hash (the generated one's value, ``hash((lat, lon))``) is computed once: every
+    tier looks distances and RTT estimates up by pairs of points per request and child."""
 
     lat: float
     lon: float
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.lat, self.lon)))
+
+    def __hash__(self) -> int:
+        return self._hash  # type: ignore[attr-defined]
 
 
 @functools.lru_cache(maxsize=16_384)

@@ -45,3 +45,18 @@ def test_parse_geo_accepts(text: str, point: GeoPoint) -> None:
 def test_parse_geo_rejects(text: str) -> None:
     with pytest.raises(ValueError):
         parse_geo(text)
+
+
+def test_a_point_hashes_as_its_coordinates_and_stays_immutable() -> None:
+    import dataclasses
+    import pickle
+
+    p = GeoPoint(51.5, -0.12)
+    # The value the generated dataclass hash had (sets and dicts of points keep their order).
+    assert hash(p) == hash((51.5, -0.12)) == hash(GeoPoint(51.5, -0.12))
+    assert hash(pickle.loads(pickle.dumps(p))) == hash(p)
+    moved = dataclasses.replace(p, lat=48.85)
+    assert hash(moved) == hash((48.85, -0.12)) and moved != p
+    assert dataclasses.asdict(p) == {"lat": 51.5, "lon": -0.12}
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.lat = 0.0  # type: ignore[misc]
