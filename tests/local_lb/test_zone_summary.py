@@ -71,3 +71,44 @@ def test_sums_usable_gpus_fresh_reports_and_the_tier_queue_per_model() -> None:
     # OTHER: g0, g1 usable (8 slots), busy 7, waiting 6, drain 2 + 8 = 10 rps.
     other = (OTHER, 3, 2, 8, 7, 1, 6, 0, 350.0, round(7 / 8, 9), round(2 / 8, 9), 0.6)
     assert entries == [m, other]
+
+
+def _one_model_summary() -> list[tuple[object, ...]]:
+    view = _view()
+    for gpu in view.gpus:
+        gpu.models = frozenset({M})
+    view.set_gpus(view.gpus)
+
+    async def summarise() -> list[tuple[object, ...]]:
+        queue = CentralQueue(release=lambda gpu: None, clock=lambda: 100.0)
+        queue.enqueue(model=M, tenant="t", priority="standard", cost_tokens=10.0)
+        summary = zone_summary(
+            view, queue, source="local:z", sequence=4, region="r", zone="z", now=100.0
+        )
+        return [
+            (
+                e.model,
+                e.total_gpus,
+                e.healthy_gpus,
+                e.total_slots,
+                e.busy_slots,
+                e.free_slots,
+                e.queued_requests,
+                e.tier_queued_requests,
+                e.token_throughput_capacity,
+                round(e.utilisation, 9),
+                round(e.kv_cache_usage, 9),
+                round(e.estimated_wait_s, 9),
+            )
+            for e in summary.models
+        ]
+
+    return asyncio.run(summarise())
+
+
+def test_a_zone_of_one_model_sums_the_same_way() -> None:
+    # As M above, with one request in the tier's queue: 5 + 1 reported + 1 queued = 7
+    # over the same 14 rps; the down GPU still counts among the GPUs.
+    assert _one_model_summary() == [
+        (M, 4, 3, 12, 8, 4, 7, 1, 750.0, round(8 / 12, 9), round(2 / 12, 9), round(7 / 14, 9))
+    ]
