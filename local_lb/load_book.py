@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 Load = tuple[float, float, float | None]
@@ -128,6 +128,12 @@ class LoadBook:
         current = self._samples.get(name)
         if current is None or sample.taken_at >= current.taken_at:
             self._samples[name] = sample
+
+    @property
+    def newest(self) -> Mapping[str, LoadSample]:
+        """Each GPU's newest sample whatever its age, for a reader that goes over every
+        GPU and applies ``get``'s age rule itself (the zone summary)."""
+        return self._samples
 
     def get(self, name: str, now: float, max_age_s: float) -> LoadSample | None:
         """The newest sample if at most ``max_age_s`` old, else ``None`` (unknown)."""

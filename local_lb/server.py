@@ -108,27 +108,36 @@ def zone_summary(
 
 def _sums_of_one(view: LocalView, now: float) -> _ModelSums:
     """``_sums_per_model`` for a zone whose GPUs all serve one model: the same sums,
-    in the same order, in locals."""
-    load, max_age = view.load, view.report_max_age_s
+    in the same order, in locals, with ``GpuChild.usable``, ``LoadBook.get``'s age rule
+    and ``drain_rps`` (when the model's GPUs are the zone's, as the view indexed them)
+    written out, this being the summary's whole cost."""
+    samples, max_age = view.load.newest, view.report_max_age_s
     healthy = slots_total = busy = queued = 0
     throughput = kv = backlog = 0.0
+    drain: float = 0  # as sum() starts
     for gpu in view.gpus:
-        if not gpu.usable:
+        if not gpu.healthy or gpu.ejected or gpu.drained:
             continue
         healthy += 1
         slots = gpu.slots
         slots_total += slots
-        busy += min(gpu.outstanding_requests, slots)
+        inflight = gpu.outstanding_requests
+        busy += inflight if inflight <= slots else slots
         throughput += gpu.rate
         backlog += gpu.outstanding_work
-        sample = load.get(gpu.name, now, max_age)
-        if sample is not None:
+        drain += slots / (gpu.latency_ewma_s or 1.0)
+        sample = samples.get(gpu.name)
+        if sample is not None and not now - sample.taken_at > max_age:
             queued += int(sample.waiting)
             if sample.kv_cache_usage is not None:
                 kv += sample.kv_cache_usage * slots
-    return _ModelSums(
+    sums = _ModelSums(
         len(view.gpus), healthy, slots_total, busy, throughput, queued, kv, backlog
     )
+    (model,) = view.gpus[0].models
+    if view.by_model.get(model) == view.gpus:
+        sums.drain = drain
+    return sums
 
 
 def _sums_per_model(view: LocalView, now: float) -> dict[str, _ModelSums]:
@@ -168,6 +177,8 @@ class _ModelSums:
     queued: int = 0
     kv: float = 0.0
     backlog: float = 0.0
+    # drain_rps of the model's GPUs when summed with the rest (else computed apart).
+    drain: float | None = None
 
 
 def _model_capacity(
@@ -189,7 +200,7 @@ def _model_capacity(
     if acc.total_slots:
         entry.utilisation = acc.busy / acc.total_slots
         entry.kv_cache_usage = acc.kv / acc.total_slots
-    drain = drain_rps(view.by_model.get(model, ()))
+    drain = acc.drain if acc.drain is not None else drain_rps(view.by_model.get(model, ()))
     if queued and drain:
         entry.estimated_wait_s = queued / drain
     if acc.throughput:
