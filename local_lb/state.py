@@ -140,13 +140,16 @@ class PrefixIndex:
         """``gpu`` was sent a prompt with these blocks: it now likely caches them.
 
         Runs for every request over up to ``MAX_CARRIED_BLOCKS`` blocks, so the
-        common cases — a block not seen before, a block whose newest holder is
-        already ``gpu`` — take one dict lookup and no list surgery."""
+        common cases — a block not seen before, a run of blocks recorded together
+        before (the same holders) — take one dict lookup, and a run's new holders
+        are worked out once and shared."""
         self._version += 1
-        blocks, per_gpu, limit = self._blocks, self.blocks_per_gpu, self.holders_per_block
+        blocks, per_gpu = self._blocks, self.blocks_per_gpu
         get, to_end = blocks.get, blocks.move_to_end
-        only = (gpu,)  # one tuple for every block new here (tuples are immutable)
+        only: tuple[str, ...] = (gpu,)  # one tuple for every block new here (immutable)
         added = 0
+        seen: tuple[str, ...] | None = None  # the holders last worked out, and after:
+        became, gained, dropped = only, 0, None
         for h in hashes:
             holders = get(h)
             if holders is None:
@@ -154,22 +157,33 @@ class PrefixIndex:
                 added += 1
                 continue
             to_end(h)
-            if holders and holders[0] == gpu:
-                continue
-            if gpu in holders:
-                blocks[h] = (gpu, *(name for name in holders if name != gpu))
-                continue
-            added += 1
-            if len(holders) >= limit:
-                per_gpu[holders[-1]] -= 1
-                holders = holders[:-1]
-            blocks[h] = (gpu, *holders)
+            if holders != seen:
+                seen = holders
+                became, gained, dropped = self._holders_after(holders, gpu)
+            if became is not holders:
+                blocks[h] = became
+            added += gained
+            if dropped is not None:
+                per_gpu[dropped] -= 1
         if added:
             per_gpu[gpu] = per_gpu.get(gpu, 0) + added
         while len(blocks) > self.capacity_blocks:
-            _, dropped = blocks.popitem(last=False)
-            for name in dropped:
+            _, gone = blocks.popitem(last=False)
+            for name in gone:
                 per_gpu[name] -= 1
+
+    def _holders_after(
+        self, holders: tuple[str, ...], gpu: str
+    ) -> tuple[tuple[str, ...], int, str | None]:
+        """A block's holders once ``gpu`` was sent it (newest first, at most
+        ``holders_per_block``), whether ``gpu`` is a new holder, and who fell off."""
+        if holders and holders[0] == gpu:
+            return holders, 0, None
+        if gpu in holders:
+            return (gpu, *(name for name in holders if name != gpu)), 0, None
+        if len(holders) >= self.holders_per_block:
+            return (gpu, *holders[:-1]), 1, holders[-1]
+        return (gpu, *holders), 1, None
 
     def matches(self, hashes: Sequence[int], limit: int = 4) -> dict[str, int]:
         """GPUs holding a prefix of ``hashes`` and how many leading blocks each holds.
