@@ -95,8 +95,19 @@ def parse_load_trailer(value: str) -> tuple[float, float, float] | None:
     All three keys are required, once each, with finite non-negative values;
     unknown keys are ignored so the GPU side can add fields.
     """
+    parts = value.split(",")
+    if len(parts) == 3:  # the GPU's own form, on every response: read without a dict
+        r, w, k = parts
+        if r[:8] == "running=" and w[:8] == "waiting=" and k[:3] == "kv=":
+            try:
+                load = float(r[8:]), float(w[8:]), float(k[3:])
+            except ValueError:
+                return None
+            if all(math.isfinite(x) and x >= 0 for x in load):
+                return load
+            return None
     fields: dict[str, float] = {}
-    for part in value.split(","):
+    for part in parts:
         key, sep, text = part.strip().partition("=")
         if not sep or not key:
             return None

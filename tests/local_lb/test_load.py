@@ -130,6 +130,8 @@ def test_pathological_line_is_fast() -> None:
         ("running=3,waiting=1,kv=0.250", (3.0, 1.0, 0.25)),
         ("kv=1.000,waiting=0,running=0", (0.0, 0.0, 1.0)),
         ("running=2, waiting=5, kv=0.5, future=9", (2.0, 5.0, 0.5)),
+        ("running= 4,waiting=2 ,kv=0.125", (4.0, 2.0, 0.125)),  # spaces around numbers
+        (" running=4,waiting=2,kv=0.125", (4.0, 2.0, 0.125)),
     ],
 )
 def test_trailer_good(value: str, expected: tuple[float, float, float]) -> None:
@@ -147,6 +149,9 @@ def test_trailer_good(value: str, expected: tuple[float, float, float]) -> None:
         "running=3,waiting=1,kv=0.2,running=4",
         "running=-1,waiting=1,kv=0.2",
         "running=nan,waiting=1,kv=0.2",
+        "running=3,waiting=1,kv=inf",
+        "running=3=4,waiting=1,kv=0.2",
+        "running=,waiting=1,kv=0.2",
         "=3,waiting=1,kv=0.2",
     ],
 )
