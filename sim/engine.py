@@ -92,8 +92,19 @@ class PrefixCache:
             n += 1
         return n
 
+    def looked_up_and_inserted(self, hashes: Sequence[int]) -> int:
+        """``cached_blocks(hashes)`` and then ``insert(hashes)``, at once (a GPU admitting
+        one prompt): the hits have just been made the most recent, in order, where
+        inserting them again would leave them, so only the rest is inserted."""
+        hits = self.cached_blocks(hashes)
+        self._insert(hashes[hits:] if hits else hashes)
+        return hits
+
     def insert(self, hashes: Sequence[int]) -> None:
         """The blocks become the most recent, in order; the least recent fall out."""
+        self._insert(hashes)
+
+    def _insert(self, hashes: Sequence[int]) -> None:
         blocks = self._blocks
         pop = blocks.pop
         for h in hashes:

@@ -279,13 +279,20 @@ class SimGpu:
             self._reserved += job.reservation
             job.end_step = k + job.max_tokens
             heapq.heappush(self._heap, (job.end_step, next(self._order), job))
-            hit = self.prefix_cache.cached_blocks(job.block_hashes) * BLOCK_TOKENS
-            job.cached_tokens = min(hit, job.prompt_tokens)
-            self.prompt_tokens_total += job.prompt_tokens
-            self.cached_tokens_total += job.cached_tokens
             admitted.append(job)
         # The engine caches a prompt's blocks once its prefill step is done; every
         # sequence admitted together looked the cache up before any was inserted.
-        for job in admitted:
-            self.prefix_cache.insert(job.block_hashes)
+        cache = self.prefix_cache
+        if len(admitted) == 1:
+            self._count_hits(admitted[0], cache.looked_up_and_inserted(admitted[0].block_hashes))
+        else:
+            for job in admitted:
+                self._count_hits(job, cache.cached_blocks(job.block_hashes))
+            for job in admitted:
+                cache.insert(job.block_hashes)
         return admitted
+
+    def _count_hits(self, job: SimJob, blocks: int) -> None:
+        job.cached_tokens = min(blocks * BLOCK_TOKENS, job.prompt_tokens)
+        self.prompt_tokens_total += job.prompt_tokens
+        self.cached_tokens_total += job.cached_tokens
