@@ -100,6 +100,9 @@ def scenario_workload(spec: RunSpec, geography: Geography) -> WorkloadSpec:
         spec.workload,
         rate_rps=rate,
         max_requests=spec.requests,
+        # The run is its requests, however long they take to arrive (the workload's
+        # own default stops at 60 s: 282 000 requests at 90 % of 1024 GPUs).
+        duration_s=None,
         boosts=tuple(boosts),
         seed=spec.seed,
     )
