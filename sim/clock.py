@@ -19,7 +19,7 @@ import gc
 import heapq
 import math
 import selectors
-from asyncio import base_events
+from asyncio import base_events, format_helpers
 from collections.abc import Callable, Coroutine, Iterator, Mapping
 from typing import Any, TypeVar, cast
 
@@ -35,6 +35,8 @@ _MIN_SCHEDULED: int = _BASE._MIN_SCHEDULED_TIMER_HANDLES
 _MIN_CANCELLED: float = _BASE._MIN_CANCELLED_TIMER_HANDLES_FRACTION
 _MAX_TIMEOUT: float = _BASE.MAXIMUM_SELECT_TIMEOUT
 _NAN = math.nan
+_TIMER_NEW = asyncio.TimerHandle.__new__
+_HANDLE_NEW = asyncio.Handle.__new__
 
 # Young-generation threshold of the cyclic GC during a run (CPython's default: 700).
 # A run keeps large long-lived structures (prefix indexes, caches, the fleet) and
@@ -110,15 +112,42 @@ class SimulatedLoop(asyncio.SelectorEventLoop):
             raise TypeError("when cannot be None")
         loop: Any = self  # BaseEventLoop's private state is not in the type stubs
         loop._check_closed()
+        timer: Any
         if loop._debug:
             loop._check_thread()
             loop._check_callback(callback, "call_at")
-        timer: Any = asyncio.TimerHandle(when, callback, args, self, context)
-        if timer._source_traceback:
-            del timer._source_traceback[-1]
+            timer = asyncio.TimerHandle(when, callback, args, self, context)
+            if timer._source_traceback:
+                del timer._source_traceback[-1]
+        else:  # what TimerHandle(...) sets outside debug mode, without its two __init__s
+            timer = _TIMER_NEW(asyncio.TimerHandle)
+            timer._context = contextvars.copy_context() if context is None else context
+            timer._loop, timer._callback, timer._args = self, callback, args
+            timer._cancelled, timer._repr, timer._source_traceback = False, None, None
+            timer._when = when
         heapq.heappush(loop._scheduled, (timer._when, -_NAN, timer))
         timer._scheduled = True
         return cast(asyncio.TimerHandle, timer)
+
+    def call_soon(  # type: ignore[override]
+        self,
+        callback: Callable[..., object],
+        *args: Any,
+        context: contextvars.Context | None = None,
+    ) -> asyncio.Handle:
+        """``BaseEventLoop.call_soon``, the handle built in place outside debug mode (as
+        ``call_at``): every future a request awaits wakes it through here."""
+        loop: Any = self
+        if loop._debug:
+            return super().call_soon(callback, *args, context=context)
+        if loop._closed:
+            raise RuntimeError("Event loop is closed")
+        handle: Any = _HANDLE_NEW(asyncio.Handle)
+        handle._context = contextvars.copy_context() if context is None else context
+        handle._loop, handle._callback, handle._args = self, callback, args
+        handle._cancelled, handle._repr, handle._source_traceback = False, None, None
+        loop._ready.append(handle)
+        return cast(asyncio.Handle, handle)
 
     def _run_once(self) -> None:
         """``BaseEventLoop._run_once`` (CPython 3.11) over ``call_at``'s heap, without the
@@ -157,8 +186,23 @@ class SimulatedLoop(asyncio.SelectorEventLoop):
             ready.append(handle)
         for _ in range(len(ready)):
             handle = ready.popleft()
-            if not handle._cancelled:
-                handle._run()
+            if handle._cancelled:
+                continue
+            try:  # Handle._run, in line
+                handle._context.run(handle._callback, *handle._args)
+            except (SystemExit, KeyboardInterrupt):
+                raise
+            except BaseException as exc:
+                _report(handle, exc)
+
+
+def _report(handle: Any, exc: BaseException) -> None:
+    """What ``Handle._run`` does with a callback's exception: the loop's handler."""
+    source = format_helpers._format_callback_source(handle._callback, handle._args)
+    context = {"message": f"Exception in callback {source}", "exception": exc, "handle": handle}
+    if handle._source_traceback:
+        context["source_traceback"] = handle._source_traceback
+    handle._loop.call_exception_handler(context)
 
 
 @contextlib.contextmanager

@@ -60,6 +60,7 @@ class _AsyncioIteration(SimulatedLoop):
     """The simulated clock with asyncio's own timer heap and loop iteration."""
 
     call_at = asyncio.BaseEventLoop.call_at  # type: ignore[assignment]
+    call_soon = asyncio.BaseEventLoop.call_soon  # type: ignore[assignment]
     _run_once = asyncio.BaseEventLoop._run_once  # type: ignore[attr-defined]
 
 
@@ -99,3 +100,37 @@ def test_the_loop_runs_timers_and_tasks_in_exactly_the_order_asyncio_s_own_loop_
     assert len(ours) > 250
     assert ours == theirs
     assert [t for t, _ in ours] == sorted(t for t, _ in ours)
+
+
+def _failures(loop: SimulatedLoop) -> list[tuple[float, str, str]]:
+    seen: list[tuple[float, str, str]] = []
+
+    def boom(n: int) -> None:
+        raise ValueError(f"boom {n}")
+
+    async def main() -> None:
+        loop.call_soon(boom, 1)
+        loop.call_later(0.5, boom, 2)
+        await asyncio.sleep(1.0)
+
+    def handler(_: asyncio.AbstractEventLoop, context: dict[str, object]) -> None:
+        seen.append(
+            (loop.time(), str(context["message"]).split(" at ")[0], repr(context["exception"]))
+        )
+
+    loop.set_exception_handler(handler)
+    try:
+        loop.run_until_complete(main())
+    finally:
+        loop.close()
+    return seen
+
+
+def test_a_callback_that_raises_reaches_the_exception_handler_as_in_asyncio() -> None:
+    ours, theirs = _failures(SimulatedLoop()), _failures(_AsyncioIteration())
+    assert ours == theirs
+    assert [(t, e) for t, _, e in ours] == [
+        (0.0, "ValueError('boom 1')"),
+        (0.5, "ValueError('boom 2')"),
+    ]
+    assert ours[0][1].startswith("Exception in callback")
