@@ -17,12 +17,12 @@ import asyncio
 import hashlib
 import random
 from collections import deque
-from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from dataclasses import dataclass, field
-from itertools import islice
 
 from common.config.gpu import GpuConfig
 from common.request.prefix import BLOCK_TOKENS, prompt_block_hashes
+from sim.prefix_cache import PrefixCache
 
 PREFILL_S_PER_TOKEN = 0.0002
 DECODE_STEP_BASE_S = 0.004
@@ -55,65 +55,6 @@ class EngineStopped(EngineError):
 def step_cost_s(batch: int, prefill_tokens: int) -> float:
     """Duration of one engine step on an A100 at time scale 1."""
     return DECODE_STEP_BASE_S + DECODE_STEP_PER_SEQ_S * batch + PREFILL_S_PER_TOKEN * prefill_tokens
-
-
-class PrefixCache:
-    """LRU set of prompt-block hashes whose KV is still resident.
-
-    A plain dict in recency order (least recent first): a block is made the most
-    recent by deleting and re-inserting it, which costs less than an OrderedDict's
-    move (every admission touches a whole prompt's blocks on a simulated fleet)."""
-
-    def __init__(self, capacity_blocks: int) -> None:
-        self.capacity_blocks = capacity_blocks
-        self._blocks: dict[int, None] = {}
-
-    def __len__(self) -> int:
-        return len(self._blocks)
-
-    def cached_blocks(self, hashes: Sequence[int]) -> int:
-        """Length of the longest cached prefix, in blocks (touches the hits)."""
-        blocks = self._blocks
-        n = 0
-        for h in hashes:
-            if h not in blocks:
-                break
-            del blocks[h]
-            blocks[h] = None
-            n += 1
-        return n
-
-    def peek(self, hashes: Sequence[int]) -> int:
-        """``cached_blocks`` without touching the hits: a look that changes nothing."""
-        n = 0
-        for h in hashes:
-            if h not in self._blocks:
-                break
-            n += 1
-        return n
-
-    def looked_up_and_inserted(self, hashes: Sequence[int]) -> int:
-        """``cached_blocks(hashes)`` and then ``insert(hashes)``, at once (a GPU admitting
-        one prompt): the hits have just been made the most recent, in order, where
-        inserting them again would leave them, so only the rest is inserted."""
-        hits = self.cached_blocks(hashes)
-        self._insert(hashes[hits:] if hits else hashes)
-        return hits
-
-    def insert(self, hashes: Sequence[int]) -> None:
-        """The blocks become the most recent, in order; the least recent fall out."""
-        self._insert(hashes)
-
-    def _insert(self, hashes: Sequence[int]) -> None:
-        blocks = self._blocks
-        pop = blocks.pop
-        for h in hashes:
-            pop(h, None)
-            blocks[h] = None
-        excess = len(blocks) - self.capacity_blocks
-        if excess > 0:
-            for h in list(islice(blocks, excess)):
-                del blocks[h]
 
 
 @dataclass(frozen=True)

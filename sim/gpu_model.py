@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 
 from common.config.gpu import GpuConfig
 from common.request.prefix import BLOCK_TOKENS
-from sim.engine import PrefixCache, step_cost_s
+from sim.engine import step_cost_s
+from sim.prefix_cache import PrefixCache
 
 
 class GpuFailed(Exception):

@@ -32,6 +32,8 @@ from common.request.server import channel_options, dial
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
+Capacity = capacity_pb2.ModelCapacity
+Serving = tuple[bool, Capacity | None]  # may it serve a model, and the report that says so
 
 
 @dataclass(eq=False)
@@ -78,11 +80,8 @@ class Child:
             return None
         return self.summary
 
-    def model_capacity(
-        self, model: str, now: float, ttl_s: float
-    ) -> capacity_pb2.ModelCapacity | None:
-        """The newest fresh report for ``model`` (summary entry or response hint);
-        None when unknown."""
+    def model_capacity(self, model: str, now: float, ttl_s: float) -> Capacity | None:
+        """The newest fresh report for ``model`` (summary entry or hint); None if unknown."""
         if self.hint is not None and self.hint.model == model and now - self.hint_at <= ttl_s:
             if self.hint_at >= self.summary_received_at:
                 return self.hint
@@ -95,16 +94,11 @@ class Child:
         return None
 
     def may_serve(self, model: str, now: float, ttl_s: float) -> bool:
-        """Healthy by direct evidence, not drained, serves ``model``, and no fresh summary
-        says it has no healthy GPU for it (a stale summary, or unknown parts, prove nothing)."""
         return self.serving_capacity(model, now, ttl_s)[0]
 
-    def serving_capacity(
-        self, model: str, now: float, ttl_s: float
-    ) -> tuple[bool, capacity_pb2.ModelCapacity | None]:
-        """``may_serve`` and the ``model_capacity`` it looked at, in one look (a picker
-        wants both for every child of every request); the report is None when the
-        child may not serve or nothing fresh is known."""
+    def serving_capacity(self, model: str, now: float, ttl_s: float) -> Serving:
+        """``may_serve`` (healthy by direct evidence, not drained, serves ``model``, no fresh
+        summary says it has no healthy GPU: stale or unknown proves nothing), and the report."""
         if not self.healthy or self.drained or model not in self.models:
             return False, None
         entry = self.model_capacity(model, now, ttl_s)
