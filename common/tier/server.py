@@ -235,13 +235,13 @@ class TierServer:
             self.telemetry.shutdown()
 
     async def serve_until(self, stop_event: asyncio.Event, grace: float = 5.0) -> None:
-        """Start, print where it listens, run until ``stop_event``, stop gracefully."""
+        """Start, log where it listens, run until ``stop_event``, stop gracefully."""
         await self.start()
-        print(f"{self.spec.tier} listening {self.server.address}", flush=True)
-        if self.ops_server is not None:
-            print(f"{self.spec.tier} ops http://{self.ops_server.address}/", flush=True)
         where = {"tier": self.spec.tier, "instance": self.name, "address": self.server.address}
-        log.info("%s tier started", self.spec.tier, extra={"event": "tier_started", **where})
+        ops = f"http://{self.ops_server.address}/" if self.ops_server is not None else None
+        fields = {"event": "tier_started", **where, "ops": ops}
+        also = f", ops {ops}" if ops else ""
+        log.info("%s tier listening %s%s", self.spec.tier, where["address"], also, extra=fields)
         try:
             await stop_event.wait()
         finally:
