@@ -134,7 +134,8 @@ class Progress:
     def update(self, report: LoadReport) -> None:
         done = report.total
         if self._bar is not None:
-            self._bar.update(self._task, completed=done)
+            failed = f"requests, {report.failed} failed" if report.failed else "requests"
+            self._bar.update(self._task, completed=done, description=failed)
             if done >= self.total:
                 self._bar.stop()
             return
