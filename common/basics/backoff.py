@@ -106,7 +106,11 @@ class Reconnect:
     async def failed(self, exc: Exception) -> None:
         """Log the outage if it is new, then sleep the next delay."""
         if not self.backoff.failing:
-            fields = {"event": f"{self.service}_lost", "what": self.what, "error": repr(exc)}
+            fields = {
+                "event": f"{self.service}_lost",
+                "what": self.what,
+                "error": f"{type(exc).__name__}: {exc}",
+            }
             self.log.warning(
                 "%s: %s unavailable (%s); retrying with back-off",
                 *(self.what, self.service, exc),

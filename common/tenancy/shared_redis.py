@@ -178,7 +178,11 @@ class QuotaRedis:
                 self.what,
                 exc.__class__.__name__,
                 self.fallback,
-                extra={"event": "redis_lost", "what": self.what, "error": repr(exc)},
+                extra={
+                    "event": "redis_lost",
+                    "what": self.what,
+                    "error": f"{type(exc).__name__}: {exc}",
+                },
             )
         else:
             self._backoff_s = self._backoff.next_s()

@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from cli.main import build_parser, main
+from cli.main import main
 from cli.options import version
+from cli.parser import build_parser
 from common.observability.logs import LogSettings
 
 ROOT = Path(__file__).resolve().parents[2]
