@@ -22,6 +22,7 @@ from pathlib import Path
 
 import grpc
 
+from cli.options import HelpFormatter, positive_float
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
 
@@ -31,19 +32,27 @@ COLUMNS = ("NAME", "KIND", "HEALTH", "DRAINED", "WEIGHT", "INFLIGHT", "GPUS", "S
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="meridian admin", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        prog="meridian admin", description=__doc__, formatter_class=HelpFormatter
     )
-    parser.add_argument("--target", default="127.0.0.1:8001", help="the global tier's address")
+    parser.add_argument(
+        "--target", default="127.0.0.1:8001", metavar="HOST:PORT", help="the global tier's address"
+    )
     parser.add_argument("--key", help=f"admin key (default: ${KEY_ENV})")
-    parser.add_argument("--ca", help="CA certificate, when the global endpoint serves TLS")
-    parser.add_argument("--timeout", type=float, default=15.0, help="seconds")
-    sub = parser.add_subparsers(dest="action", required=True)
+    parser.add_argument(
+        "--ca", metavar="FILE", help="CA certificate, when the global endpoint serves TLS"
+    )
+    parser.add_argument(
+        "--timeout", type=positive_float, default=15.0, metavar="SECONDS", help="call deadline"
+    )
+    sub = parser.add_subparsers(dest="action", required=True, metavar="ACTION")
     sub.add_parser("list", help="the topology with live state")
     for name in ("drain", "undrain"):
-        sub.add_parser(name, help=f"{name} a GPU, zone or region").add_argument("name")
-    weight = sub.add_parser("weight", help="set a GPU's weight")
-    weight.add_argument("gpu")
-    weight.add_argument("weight", type=float)
+        what = f"{name} a GPU, zone or region"
+        action = sub.add_parser(name, help=what, description=what)
+        action.add_argument("name", help="its name in the topology")
+    weight = sub.add_parser("weight", help="set a GPU's weight", description="set a GPU's weight")
+    weight.add_argument("gpu", help="the GPU's name in the topology")
+    weight.add_argument("weight", type=float, help="> 0; 2 = seen as twice as fast (default 1)")
     sub.add_parser("reload", help="every tier re-reads its topology file")
     return parser
 

@@ -20,6 +20,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
 
+from cli.options import HelpFormatter
 from common.config.node import ConfigError
 from common.config.topology import Topology, load_topology, topology_from_mapping
 
@@ -31,19 +32,21 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="meridian sim",
         description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
+        formatter_class=HelpFormatter,
     )
     sub = parser.add_subparsers(dest="action", required=True)
-    fleet = sub.add_parser("fleet", help="write a fleet topology YAML")
+    what = "write a fleet topology YAML"
+    fleet = sub.add_parser("fleet", help=what, description=what, formatter_class=HelpFormatter)
     _fleet_options(fleet)
     fleet.add_argument("--out", help="where to write it (default: standard output)")
-    run = sub.add_parser("run", help="simulate policies on a fleet and write the results")
+    what = "simulate policies on a fleet and write the results"
+    run = sub.add_parser("run", help=what, description=what, formatter_class=HelpFormatter)
     _fleet_options(run)
     run.add_argument("--fleet", help="a topology YAML to simulate instead of a generated fleet")
     run.add_argument(
         "--workload",
         default="conversation",
-        help="conversation, code, or a CSV trace in the Azure format (default: conversation)",
+        help="conversation, code, or a CSV trace in the Azure format",
     )
     run.add_argument("--scenarios", default="all", help="comma-separated names, or 'all'")
     run.add_argument("--policies", default="all", help="comma-separated names, or 'all'")
@@ -51,17 +54,17 @@ def _parser() -> argparse.ArgumentParser:
         "--requests",
         type=int,
         default=None,
-        help=f"arrivals per run (200000; {QUICK['requests']} with --quick)",
+        help=f"arrivals per run (default: 200000; {QUICK['requests']} with --quick)",
     )
     run.add_argument("--jobs", type=int, default=2, help="simulations run at once (processes)")
-    run.add_argument("--out", default=DEFAULT_OUT, help=f"results directory ({DEFAULT_OUT})")
-    run.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO in seconds (2.0)")
-    run.add_argument("--slo-e2e", type=float, default=20.0, help="end-to-end SLO in seconds (20)")
+    run.add_argument("--out", default=DEFAULT_OUT, help="results directory")
+    run.add_argument("--slo-ttft", type=float, default=2.0, help="TTFT SLO in seconds")
+    run.add_argument("--slo-e2e", type=float, default=20.0, help="end-to-end SLO in seconds")
     run.add_argument(
         "--propagation-ms",
         type=float,
         default=50.0,
-        help="delay from a summary's publication to its reader (50 ms)",
+        help="delay from a summary's publication to its reader, in ms",
     )
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     run.add_argument(
@@ -74,9 +77,9 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _fleet_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpus", type=int, default=1024, help="GPUs in the fleet (1024)")
-    p.add_argument("--regions", type=int, default=6, help="cloud regions (6)")
-    p.add_argument("--seed", type=int, default=1, help="random seed (1)")
+    p.add_argument("--gpus", type=int, default=1024, help="GPUs in the fleet")
+    p.add_argument("--regions", type=int, default=6, help="cloud regions")
+    p.add_argument("--seed", type=int, default=1, help="random seed")
 
 
 def sim_main(argv: list[str], out: TextIO = sys.stdout) -> int:

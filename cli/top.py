@@ -7,7 +7,10 @@ over slots, what each GPU reports running and waiting, KV-cache use and the loca
 tier's queue; above it the fleet's request rate, latency and a sparkline of the
 last minute. ``--once`` prints one frame without clearing the screen (for scripts
 and tests). Colours only on a terminal, and never with ``--no-color`` or
-``NO_COLOR`` set.
+``NO_COLOR`` set. Lines are cut to the terminal's width (``COLUMNS`` when set,
+else the terminal's own; piped without ``COLUMNS``: not cut). Piped, frames are
+written one after another, separated by a blank line, with no escape sequence
+that moves the cursor or clears the screen.
 """
 
 from __future__ import annotations
@@ -16,13 +19,18 @@ import argparse
 import http.client
 import json
 import os
+import shutil
 import sys
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO
 
+DESCRIPTION = """The fleet in a terminal, redrawn every --interval seconds from the global tier's
+ops HTTP: regions, zones and GPUs with health, load and queues. Colours only on a
+terminal (never with --no-color or NO_COLOR); lines cut to COLUMNS, else to the
+terminal's width; piped, plain frames one after another (no screen clearing)."""
 SPARKS = "▁▂▃▄▅▆▇█"
 BAR_WIDTH = 10
 NOTE_WIDTH = 60
@@ -234,36 +242,97 @@ def frame(base: str, paint: Paint, timeout_s: float = 2.0) -> tuple[str, bool]:
     return render(fleet, series, source=base, paint=paint), True
 
 
+def width_of(out: TextIO, env: Mapping[str, str]) -> int | None:
+    """Columns to fit: ``COLUMNS`` when set, else the terminal's; None (no limit) when
+    ``out`` is not a terminal."""
+    columns = env.get("COLUMNS", "")
+    if columns.isdigit() and int(columns) > 0:
+        return int(columns)
+    return shutil.get_terminal_size().columns if out.isatty() else None
+
+
+def fit(text: str, width: int | None) -> str:
+    """Every line of ``text`` cut to ``width`` visible characters (escapes kept, and a
+    reset after a cut line that had any)."""
+    if width is None:
+        return text
+    out = []
+    for line in text.split("\n"):
+        kept, shown, escape, cut = [], 0, False, False
+        for ch in line:
+            if ch == "\x1b":
+                escape = True
+            if not escape:
+                if shown == width:
+                    cut = True
+                    break
+                shown += 1
+            elif ch == "m":
+                escape = False
+            kept.append(ch)
+        text_line = "".join(kept)
+        out.append(text_line + RESET if cut and "\x1b" in text_line else text_line)
+    return "\n".join(out)
+
+
 def top_main(args: argparse.Namespace) -> int:
     base = args.ops.rstrip("/")
     if "://" not in base:
         base = f"http://{base}"
-    colour = sys.stdout.isatty() and not args.no_color and not os.environ.get("NO_COLOR")
-    paint = Paint(colour)
+    out = sys.stdout
+    terminal = out.isatty()
+    paint = Paint(terminal and not args.no_color and not os.environ.get("NO_COLOR"))
     if args.once:
         text, answered = frame(base, paint)
-        sys.stdout.write(text)
+        out.write(fit(text, width_of(out, os.environ)))
         return 0 if answered else 1
-    sys.stdout.write("\x1b[?25l")  # hide the cursor while redrawing
+    if terminal:
+        out.write("\x1b[?25l")  # hide the cursor while redrawing
+    drawn = 0
     try:
-        while True:
+        while args.count is None or drawn < args.count:
+            if drawn:
+                time.sleep(args.interval)
             text, _ = frame(base, paint)
-            sys.stdout.write("\x1b[H\x1b[2J" + text)
-            sys.stdout.flush()
-            time.sleep(args.interval)
+            text = fit(text, width_of(out, os.environ))  # the terminal may have been resized
+            # A terminal gets the frame redrawn in place; a pipe gets frames in sequence.
+            out.write("\x1b[H\x1b[2J" + text if terminal else ("\n" if drawn else "") + text)
+            out.flush()
+            drawn += 1
+        return 0
     except KeyboardInterrupt:
         return 0
     finally:
-        sys.stdout.write("\x1b[?25h")
-        sys.stdout.flush()
+        if terminal:
+            out.write("\x1b[?25h")
+            out.flush()
 
 
 def add_parser(sub: Any) -> None:
     """``meridian top`` and its options (``sub``: the CLI's subparsers)."""
-    top = sub.add_parser("top", help="live terminal view of the fleet")
-    top.add_argument(
-        "--ops", default="http://127.0.0.1:8002", help="the global tier's ops HTTP address"
+    from cli.options import HelpFormatter, positive_float, positive_int
+
+    top = sub.add_parser(
+        "top",
+        help="live terminal view of the fleet",
+        description=DESCRIPTION,
+        formatter_class=HelpFormatter,
     )
-    top.add_argument("--interval", type=float, default=1.0, help="seconds between frames")
+    top.add_argument(
+        "--ops",
+        default="http://127.0.0.1:8002",
+        metavar="URL",
+        help="the global tier's ops HTTP address",
+    )
+    top.add_argument(
+        "--interval",
+        type=positive_float,
+        default=1.0,
+        metavar="SECONDS",
+        help="seconds between frames",
+    )
     top.add_argument("--once", action="store_true", help="print one frame and exit")
+    top.add_argument(
+        "--count", type=positive_int, metavar="N", help="draw N frames and exit (default: forever)"
+    )
     top.add_argument("--no-color", action="store_true", help="plain text, no ANSI colours")

@@ -22,6 +22,7 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
+from cli.options import HelpFormatter
 from common.tenancy.usage import USAGE_STREAM, UsageTotals, summarise
 from common.tenancy.usage_state import StreamState, stream_state
 
@@ -98,14 +99,18 @@ def usage_main(argv: list[str] | None = None, *, now_ms: int | None = None) -> i
     """``meridian usage``: totals per tenant and model over a time window; exit code 2 on
     a bad argument or an unreachable Redis. ``now_ms`` pins the clock for tests."""
     parser = argparse.ArgumentParser(
-        prog="meridian usage", description="usage per tenant and model"
+        prog="meridian usage",
+        description="Usage records summed per tenant and model over a time window.",
+        formatter_class=HelpFormatter,
     )
-    parser.add_argument("--redis", required=True, help="redis URL, e.g. redis://127.0.0.1:6379/0")
     parser.add_argument(
-        "--since", default="24h", help="ISO-8601 or relative (30m, 1h, 7d); default 24h"
+        "--redis", required=True, metavar="URL", help="redis URL, e.g. redis://127.0.0.1:6379/0"
     )
-    parser.add_argument("--until", default="now", help="ISO-8601 or relative; default now")
-    parser.add_argument("--stream", default=USAGE_STREAM, help=f"default {USAGE_STREAM}")
+    parser.add_argument(
+        "--since", default="24h", metavar="TIME", help="ISO-8601 or relative (30m, 1h, 7d)"
+    )
+    parser.add_argument("--until", default="now", metavar="TIME", help="ISO-8601 or relative")
+    parser.add_argument("--stream", default=USAGE_STREAM, metavar="KEY", help="the usage stream")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     try:
         args = parser.parse_args(argv)

@@ -239,13 +239,16 @@ class BackendMonitor:
         if load is None:
             if backend.metrics_ok is not False:
                 log.warning(
-                    "metrics of GPU %s unusable at %s (%s); its load goes stale", name, url, error
+                    "metrics of GPU %s unusable at %s (%s); its load goes stale",
+                    *(name, url, error),
+                    extra={"event": "gpu_metrics_lost", "gpu": name, "error": error},
                 )
             backend.metrics_ok = False
             return
         self.book.update(name, LoadSample(*load, taken_at=self._clock(), source="metrics"))
         if backend.metrics_ok is False:
-            log.info("metrics of GPU %s usable again", name)
+            fields = {"event": "gpu_metrics_back", "gpu": name}
+            log.info("metrics of GPU %s usable again", name, extra=fields)
         backend.metrics_ok = True
 
     async def _check(self, backend: _Backend) -> None:

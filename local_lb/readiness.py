@@ -174,9 +174,11 @@ class GpuReadiness:
                     ready,
                     len(pool),
                     100 * self.rules.panic_threshold,
+                    extra={"event": "panic", "ready": ready, "gpus": len(pool)},
                 )
             else:
-                log.info("panic over: %d of %d GPUs ready", ready, len(pool))
+                fields = {"event": "panic_over", "ready": ready, "gpus": len(pool)}
+                log.info("panic over: %d of %d GPUs ready", ready, len(pool), extra=fields)
         now = self.clock()
         for gpu in self.view.gpus:
             self._apply(gpu, self._of(gpu.name), now)

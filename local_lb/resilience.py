@@ -90,7 +90,8 @@ class GpuResilience:
             return
         gpu.ejected = ejected
         if ejected:
-            log.warning("GPU %s ejected after consecutive failures", name)
+            fields = {"event": "gpu_ejected", "gpu": name}
+            log.warning("GPU %s ejected after consecutive failures", name, extra=fields)
         else:
             self.slow_start.start(name)
             gpu.share = self.slow_start.factor(name)

@@ -106,12 +106,20 @@ class Reconnect:
     async def failed(self, exc: Exception) -> None:
         """Log the outage if it is new, then sleep the next delay."""
         if not self.backoff.failing:
+            fields = {
+                "event": f"{self.service}_lost",
+                "what": self.what,
+                "error": f"{type(exc).__name__}: {exc}",
+            }
             self.log.warning(
-                "%s: %s unavailable (%s); retrying with back-off", self.what, self.service, exc
+                "%s: %s unavailable (%s); retrying with back-off",
+                *(self.what, self.service, exc),
+                extra=fields,
             )
         await asyncio.sleep(self.backoff.next_s())
 
     def succeeded(self) -> None:
         if self.backoff.failing:
-            self.log.info("%s: %s is back", self.what, self.service)
+            fields = {"event": f"{self.service}_back", "what": self.what}
+            self.log.info("%s: %s is back", self.what, self.service, extra=fields)
         self.backoff.reset()

@@ -308,6 +308,8 @@ class AdminService(apb_grpc.AdminServicer):
         try:
             topology = self.source()
         except (ConfigError, OSError) as exc:
+            refused = {"event": "reload_refused", "tier": self.label, "error": str(exc)}
+            log.warning("topology not reloaded: %s", exc, extra=refused)
             raise RouteError(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"topology not reloaded, nothing changed: {exc}",
@@ -330,6 +332,9 @@ class AdminService(apb_grpc.AdminServicer):
         self.index = subtree_index(topology, self.tier, self.name)
         if self.guard is not None:
             report.not_applied.extend(self.guard.take_admin_keys(topology.auth))
+        changes = {k: list(getattr(report, k)) for k in ("added", "removed", "changed")}
+        fields: dict[str, object] = {"event": "reload", "tier": self.label, **changes}
+        log.info("topology reloaded", extra={**fields, "not_applied": list(report.not_applied)})
         return report
 
     async def _reload_below(

@@ -276,7 +276,7 @@ class ChildSet:
             if child.channel is not None:
                 self._channels.remove(child.channel)
                 await child.channel.close()
-            log.info("%s %s removed", self.kind, child.name)
+            log.info("%s %s removed", self.kind, child.name, extra={"event": "child_removed"})
 
         task = asyncio.create_task(finish(), name=f"retire {child.name}")
         self._retiring.add(task)
@@ -289,14 +289,16 @@ class ChildSet:
     def mark_failed(self, child: Child, error: str) -> None:
         """A forward to ``child`` failed: stop routing to it until a probe succeeds."""
         if child.healthy:
-            log.warning("child %s marked down: %s", child.name, error)
+            fields = {"event": "child_down", "child": child.name, "error": error}
+            log.warning("%s %s marked down: %s", self.kind, child.name, error, extra=fields)
             child.healthy = False
             self._changed()
         child.last_error = error
 
     def mark_healthy(self, child: Child) -> None:
         if not child.healthy:
-            log.info("child %s is back", child.name)
+            fields = {"event": "child_up", "child": child.name}
+            log.info("%s %s is back", self.kind, child.name, extra=fields)
             child.healthy = True
             child.healthy_since = self.clock()
             child.last_error = ""

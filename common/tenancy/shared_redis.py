@@ -178,6 +178,11 @@ class QuotaRedis:
                 self.what,
                 exc.__class__.__name__,
                 self.fallback,
+                extra={
+                    "event": "redis_lost",
+                    "what": self.what,
+                    "error": f"{type(exc).__name__}: {exc}",
+                },
             )
         else:
             self._backoff_s = self._backoff.next_s()
@@ -185,7 +190,8 @@ class QuotaRedis:
 
     def _ok(self) -> None:
         if self.degraded:
-            log.info("%s: redis is back; counting in redis again", self.what)
+            fields = {"event": "redis_back", "what": self.what}
+            log.info("%s: redis is back; counting in redis again", self.what, extra=fields)
             self.degraded = False
             self._backoff.reset()
             self._backoff_s = 0.0

@@ -21,6 +21,7 @@ from common.config.access import Limits
 from common.config.liveness import Keepalive
 from common.config.node import Endpoint
 from common.config.tls import TierTls, tier_server_credentials
+from common.observability.logs import ShedLog
 from common.observability.tier_metrics import CountingRetryBudget, TierMetrics
 from common.observability.tracing import Telemetry, TierTracing
 from common.operations.admin import ADMIN_SERVICE, AdminService
@@ -153,6 +154,8 @@ class TierServer:
         """The gRPC server, its calls observed by tracing, metrics and (at the edge) usage."""
         observers: list[CallObserver] = [tracing] if tracing.enabled else []
         observers.append(self.metrics)
+        self.shed_log = ShedLog(self.spec.tier)  # sheds as one summary line per burst
+        observers.append(self.shed_log)
         if self.admission is not None and self.admission.usage is not None:
             observers.append(self.admission)
         edge = not self.spec.trust_internal  # the tier clients call
@@ -216,6 +219,7 @@ class TierServer:
             await self.server.set_serving(False)
             await asyncio.sleep(min(DRAIN_NOTICE_S, grace))
         await self.server.stop(grace)
+        self.shed_log.flush()
         if self.ops_server is not None:
             await self.ops_server.stop()
         if self.publisher is not None:
@@ -231,12 +235,16 @@ class TierServer:
             self.telemetry.shutdown()
 
     async def serve_until(self, stop_event: asyncio.Event, grace: float = 5.0) -> None:
-        """Start, print where it listens, run until ``stop_event``, stop gracefully."""
+        """Start, log where it listens, run until ``stop_event``, stop gracefully."""
         await self.start()
-        print(f"{self.spec.tier} listening {self.server.address}", flush=True)
-        if self.ops_server is not None:
-            print(f"{self.spec.tier} ops http://{self.ops_server.address}/", flush=True)
+        where = {"tier": self.spec.tier, "instance": self.name, "address": self.server.address}
+        ops = f"http://{self.ops_server.address}/" if self.ops_server is not None else None
+        fields = {"event": "tier_started", **where, "ops": ops}
+        also = f", ops {ops}" if ops else ""
+        log.info("%s tier listening %s%s", self.spec.tier, where["address"], also, extra=fields)
         try:
             await stop_event.wait()
         finally:
+            log.info("%s tier stopping", self.spec.tier, extra={"event": "tier_stopping", **where})
             await self.stop(grace)
+            log.info("%s tier stopped", self.spec.tier, extra={"event": "tier_stopped", **where})

@@ -5,14 +5,22 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import http.server
+import json
+import os
 import socket
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cli.top import Paint, bar, clean, frame, render, sparkline, visible
+from cli.top import Paint, bar, clean, fit, frame, render, sparkline, visible
+
+ROOT = Path(__file__).resolve().parents[2]
 
 FLEET: dict[str, Any] = {
     "totals": {
@@ -182,3 +190,69 @@ def test_an_address_that_is_not_the_ops_http_is_no_answer(
     (line,) = [line for line in text.splitlines() if line.startswith("no answer: ")]
     assert why in line
     assert all(ch.isprintable() for ch in text.replace("\n", "")), text
+
+
+@pytest.fixture
+def ops_http() -> Iterator[str]:
+    """A loopback HTTP server answering /api/fleet and /api/series with the canned
+    answers above, as a global tier's ops HTTP would; stopped at the end."""
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            body = json.dumps(FLEET if self.path.startswith("/api/fleet") else SERIES).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: Any) -> None:
+            return None
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
+
+
+def run_top(base: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    argv = [sys.executable, "-m", "cli.main", "top", "--ops", base, "--count", "2"]
+    clean_env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "NO_COLOR")}
+    return subprocess.run(
+        [*argv, "--interval", "0.1"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean_env, **env},
+    )
+
+
+def test_top_piped_writes_plain_frames_cut_to_columns(ops_http: str) -> None:
+    done = run_top(ops_http, {"COLUMNS": "50"})
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout  # no clearing, no cursor moves, no colour
+    assert done.stdout.count("Meridian top — ") == 2  # two frames, one after the other
+    lines = done.stdout.splitlines()
+    assert max(len(line) for line in lines) == 50
+    assert any(line.startswith("    eu-1a-gpu0") for line in lines)
+
+
+def test_top_piped_without_columns_keeps_whole_lines(ops_http: str) -> None:
+    done = run_top(ops_http, {})
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout
+    assert any("ClientConnectorError" in line for line in done.stdout.splitlines())
+
+
+def test_fit_cuts_visible_characters_and_keeps_colours_closed() -> None:
+    painted = Paint(True)("abcdef", "\x1b[31m") + "ghij"
+    cut = fit(painted, 4)
+    assert visible(cut) == "abcd" and cut.endswith("\x1b[0m")
+    assert fit("ab\ncdef", 3) == "ab\ncde"
+    assert fit("whole", None) == "whole"
