@@ -5,7 +5,11 @@ so its ops server can answer for the fleet. ``FleetView`` adds to it:
 
 * ``/api/fleet``: regions → zones → GPUs with health, utilisation, queues and
   in-flight requests, merged from the global's own view of its regions and each
-  regional and local tier's ``/api/state``;
+  regional and local tier's ``/api/state``; ``?region=R`` or ``?zone=Z`` cuts it
+  to that region or zone (404 when the topology has none of that name);
+* ``/api/fleet/overview``: what the dashboard draws, compact at any fleet size:
+  aggregates per region and zone, and one packed heat-map cell per GPU
+  (``common.operations.fleet_overview``);
 * ``/api/fleet/traces``: the newest traces with every tier's spans
   (``common.observability.trace_view``), each marked ``complete`` unless a tier it passed through
   did not answer (its spans may then be missing);
@@ -41,6 +45,7 @@ from common.config.topology import Topology
 from common.observability import tracing as tm
 from common.observability.trace_view import merge_traces, passed_through, recent_traces
 from common.operations.fleet_merge import Fetched, merge_fleet
+from common.operations.fleet_overview import overview, part
 from common.operations.ops_http import OpsServer
 
 DASHBOARD_HTML = Path(__file__).with_name("dashboard.html")
@@ -111,6 +116,7 @@ class FleetView:
         app.router.add_get("/", self._page)
         app.router.add_get("/dashboard", self._page)
         app.router.add_get("/api/fleet", self._fleet)
+        app.router.add_get("/api/fleet/overview", self._overview)
         app.router.add_get("/api/fleet/traces", self._traces)
         app.on_cleanup.append(self._close)
 
@@ -196,8 +202,23 @@ class FleetView:
             body["note"] = own["note"]
         return body
 
+    async def overview(self) -> dict[str, Any]:
+        return overview(await self._shared_answer("fleet", self.fleet))
+
     async def _fleet(self, request: web.Request) -> web.Response:
-        return web.json_response(await self._shared_answer("fleet", self.fleet))
+        body = await self._shared_answer("fleet", self.fleet)
+        region, zone = request.query.get("region"), request.query.get("zone")
+        if region is not None or zone is not None:
+            cut = part(body, region=region, zone=zone)
+            if cut is None:
+                wanted = f"zone {zone!r}" if zone is not None else f"region {region!r}"
+                return web.json_response({"error": f"the fleet has no {wanted}"}, status=404)
+            body = cut
+        return _compressed(web.json_response(body))
+
+    async def _overview(self, request: web.Request) -> web.Response:
+        body = await self._shared_answer("overview", self.overview)
+        return _compressed(web.json_response(body))
 
     async def _traces(self, request: web.Request) -> web.Response:
         try:
@@ -214,6 +235,14 @@ class FleetView:
             charset="utf-8",
             headers={"Cache-Control": "no-cache"},
         )
+
+
+def _compressed(response: web.Response) -> web.Response:
+    """``response`` gzip- or deflate-encoded when the client accepts it (aiohttp reads
+    Accept-Encoding; a browser asks, ``meridian top`` does not): JSON this repetitive
+    shrinks several-fold."""
+    response.enable_compression()
+    return response
 
 
 def _is_global(span: Mapping[str, Any]) -> bool:
