@@ -114,7 +114,8 @@ def heat(zone: str, gpus: list[Mapping[str, Any]]) -> dict[str, Any]:
     for gpu in gpus:
         u = gpu.get("utilisation")
         known = isinstance(u, int | float) and not isinstance(u, bool)
-        load.append(round(100 * u) if known and gpu.get("state") != "unknown" else None)
+        # Half up, as the page rounds its percentages.
+        load.append(int(100 * u + 0.5) if known and gpu.get("state") != "unknown" else None)
     return {
         "prefix": prefix,
         "names": [n[len(prefix) :] for n in names],
@@ -123,10 +124,15 @@ def heat(zone: str, gpus: list[Mapping[str, Any]]) -> dict[str, Any]:
     }
 
 
+def _rounded(value: Any, digits: int) -> Any:
+    """Floats cut to what the page shows (a 17-digit age is bytes for nothing)."""
+    return round(value, digits) if isinstance(value, float) else value
+
+
 def _said(part: Mapping[str, Any]) -> dict[str, Any]:
     return {
-        **{k: part.get(k) for k in _SAID},
-        "summary": {k: part.get(k) for k in _SUMMARY},
+        **{k: _rounded(part.get(k), 3) for k in _SAID},
+        "summary": {k: _rounded(part.get(k), 4) for k in _SUMMARY},
     }
 
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -49,6 +50,7 @@ from common.operations.fleet_overview import overview, part
 from common.operations.ops_http import OpsServer
 
 DASHBOARD_HTML = Path(__file__).with_name("dashboard.html")
+_DUMPS = functools.partial(json.dumps, separators=(",", ":"))
 _WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "[::1]", "": "127.0.0.1"}
 
 
@@ -214,11 +216,11 @@ class FleetView:
                 wanted = f"zone {zone!r}" if zone is not None else f"region {region!r}"
                 return web.json_response({"error": f"the fleet has no {wanted}"}, status=404)
             body = cut
-        return _compressed(web.json_response(body))
+        return _compact_json(body)
 
     async def _overview(self, request: web.Request) -> web.Response:
         body = await self._shared_answer("overview", self.overview)
-        return _compressed(web.json_response(body))
+        return _compact_json(body)
 
     async def _traces(self, request: web.Request) -> web.Response:
         try:
@@ -237,10 +239,11 @@ class FleetView:
         )
 
 
-def _compressed(response: web.Response) -> web.Response:
-    """``response`` gzip- or deflate-encoded when the client accepts it (aiohttp reads
-    Accept-Encoding; a browser asks, ``meridian top`` does not): JSON this repetitive
-    shrinks several-fold."""
+def _compact_json(body: dict[str, Any]) -> web.Response:
+    """``body`` as JSON without spaces, gzip- or deflate-encoded when the client accepts
+    it (aiohttp reads Accept-Encoding; a browser asks, ``meridian top`` does not): JSON
+    this repetitive shrinks several-fold."""
+    response = web.json_response(body, dumps=_DUMPS)
     response.enable_compression()
     return response
 
