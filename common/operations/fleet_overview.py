@@ -59,7 +59,11 @@ _SUMMARY = ("utilisation", "queued", "slots", "healthy_gpus")
 
 
 def _int(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    """A count as fleet_merge wrote it (an int; a GPU's ``waiting`` may be a float, and
+    None when unknown); anything else counts 0."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return 0
+    return int(value)
 
 
 def gpu_aggregates(gpus: Iterable[Mapping[str, Any]], tier_queued: int = 0) -> dict[str, Any]:
@@ -77,7 +81,7 @@ def gpu_aggregates(gpus: Iterable[Mapping[str, Any]], tier_queued: int = 0) -> d
         if state != "unknown":
             reported_slots += size
             outstanding += _int(gpu.get("outstanding"))
-            waiting += max(0, int(gpu.get("waiting") or 0))
+            waiting += _int(gpu.get("waiting"))
     return {
         "gpus": len(gpus),
         "serving": states.get("ok", 0),
@@ -110,12 +114,13 @@ def heat(zone: str, gpus: list[Mapping[str, Any]]) -> dict[str, Any]:
     prefix = zone + "-"
     if not names or not all(n.startswith(prefix) and len(n) > len(prefix) for n in names):
         prefix = ""
-    load = []
+    load: list[int | None] = []
     for gpu in gpus:
         u = gpu.get("utilisation")
-        known = isinstance(u, int | float) and not isinstance(u, bool)
-        # Half up, as the page rounds its percentages.
-        load.append(int(100 * u + 0.5) if known and gpu.get("state") != "unknown" else None)
+        if isinstance(u, bool) or not isinstance(u, int | float) or gpu.get("state") == "unknown":
+            load.append(None)
+        else:
+            load.append(int(100 * u + 0.5))  # half up, as the page rounds its percentages
     return {
         "prefix": prefix,
         "names": [n[len(prefix) :] for n in names],

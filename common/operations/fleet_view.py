@@ -250,4 +250,3 @@ def _compact_json(body: dict[str, Any]) -> web.Response:
 
 def _is_global(span: Mapping[str, Any]) -> bool:
     return bool(span.get("attributes", {}).get(tm.TIER) == "global")
-

@@ -215,7 +215,9 @@ def test_dashboard_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
         )
         # A click on a zone shows its GPUs in full.
         zone = fleet.topology.regions[1].zones[0]
-        driver.execute_script(f"document.querySelector('[data-zone=\"{zone.name}\"] .head').click()")
+        driver.execute_script(
+            f"document.querySelector('[data-zone=\"{zone.name}\"] .head').click()"
+        )
         wait_for(driver, f"#drill[data-kind='zone'][data-name='{zone.name}'] tr.gpu-row")
         shown = driver.execute_script(
             "return [...document.querySelectorAll('#drill tr.gpu-row')].map((r) => r.dataset.gpu)"

@@ -116,7 +116,9 @@ def drive(url: str, fleet: BigFleet) -> dict[str, float]:
 
         # A click on a zone shows its GPUs, in order, in their states.
         zone = zones[4]
-        driver.execute_script(f"document.querySelector('[data-zone=\"{zone.name}\"] .head').click()")
+        driver.execute_script(
+            f"document.querySelector('[data-zone=\"{zone.name}\"] .head').click()"
+        )
         drilled = drill_rows(driver, "zone", zone.name, len(zone.gpus))
         assert [tuple(r) for r in drilled["rows"]] == [(g.name, g.state) for g in zone.gpus]
         assert driver.find_elements("css selector", f".zone.selected[data-zone='{zone.name}']")
@@ -175,7 +177,9 @@ async def test_dashboard_at_1024_gpus_in_headless_chromium() -> None:
         loop = asyncio.get_running_loop()
         # Selenium blocks: it runs on a thread of its own while this loop serves the tiers.
         with ThreadPoolExecutor(1, thread_name_prefix="selenium") as pool:
-            measured.update(await loop.run_in_executor(pool, drive, f"http://{fleet.address}/", fleet))
+            measured.update(
+                await loop.run_in_executor(pool, drive, f"http://{fleet.address}/", fleet)
+            )
     # aiohttp compresses large answers on the loop's default executor: join its threads.
     await loop.shutdown_default_executor()
     print(f"\ndashboard, {GPUS} GPUs: " + ", ".join(f"{k} {v:.0f}" for k, v in measured.items()))
