@@ -90,6 +90,20 @@ return {kind: d.dataset.kind, name: d.dataset.name,
         picked: [...d.querySelectorAll('tr.gpu-row.picked')].map((r) => r.dataset.gpu)};
 """
 
+# The page's own redraw of the 1024-GPU overview, five times, layout included: the median.
+RENDER_TIMES = """
+const done = arguments[arguments.length - 1];
+fetch('api/fleet/overview').then((r) => r.json()).then((view) => {
+  const times = [];
+  for (let i = 0; i < 5; i++) {
+    renderFleet(view);
+    times.push(Number(document.body.dataset.renderMs));
+  }
+  times.sort((a, b) => a - b);
+  done(times[2]);
+});
+"""
+
 
 def drill_rows(driver: Any, kind: str, name: str, n: int) -> dict[str, Any]:
     wait_for(driver, f"#drill[data-kind='{kind}'][data-name='{name}'] tr.gpu-row", n)
@@ -142,7 +156,7 @@ def drive(url: str, fleet: BigFleet) -> dict[str, float]:
         polls = int(driver.find_element("tag name", "body").get_attribute("data-fleet-polls"))
         wait_for(driver, f"body:not([data-fleet-polls='{polls}'])", 1)
         assert drill_rows(driver, "zone", other.name, len(other.gpus))["picked"] == [gpu.name]
-        render_ms = float(driver.execute_script(SHOWN)["render_ms"])
+        render_ms = float(driver.execute_async_script(RENDER_TIMES))
         if os.environ.get(SCREENSHOT_ENV):
             driver.set_window_size(1440, 2200)
             driver.save_screenshot(os.environ[SCREENSHOT_ENV])
