@@ -188,6 +188,9 @@ def local_ops(zone: ZonePlan) -> OpsServer:
 
 def regional_ops(region: RegionPlan) -> OpsServer:
     zones = summarised([(z.name, z.summary_age_s, zone_summary(z)) for z in region.zones])
+    for zone in region.zones:
+        if not zone.reachable:  # its tier is gone: the regional's probes have said so
+            zones.mark_failed(zones.by_name[zone.name], "connection refused")
     return OpsServer(Endpoint("127.0.0.1", 0), region.name, TierMetrics("regional", zones))
 
 

@@ -125,8 +125,11 @@ def drive(url: str, fleet: BigFleet) -> dict[str, float]:
         assert [tuple(c) for c in shown["cells"]] == planned
         assert Counter(s for _, _, s in planned)["unknown"] == len(zones[-1].gpus)
         assert shown["aggs"] == expected(fleet)
-        serving = sum(g.state == "ok" for _, z in enumerate(zones) for g in z.gpus)
+        serving = sum(g.state == "ok" for z in zones for g in z.gpus)
         assert shown["gpus"] == f"{serving}/{GPUS}"
+        # The zone whose local tier is not there says so, and only that one.
+        silent = driver.find_elements("css selector", ".zone.unreachable")
+        assert [z.get_attribute("data-zone") for z in silent] == [zones[-1].name]
 
         # A click on a zone shows its GPUs, in order, in their states.
         zone = zones[4]
