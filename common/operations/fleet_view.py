@@ -46,7 +46,8 @@ from common.config.topology import Topology
 from common.observability import tracing as tm
 from common.observability.trace_view import merge_traces, passed_through, recent_traces
 from common.operations.fleet_merge import Fetched, merge_fleet
-from common.operations.fleet_overview import overview, part
+from common.operations.fleet_overview import overview as compact_overview
+from common.operations.fleet_overview import part
 from common.operations.ops_http import OpsServer
 
 DASHBOARD_HTML = Path(__file__).with_name("dashboard.html")
@@ -205,7 +206,7 @@ class FleetView:
         return body
 
     async def overview(self) -> dict[str, Any]:
-        return overview(await self._shared_answer("fleet", self.fleet))
+        return compact_overview(await self._shared_answer("fleet", self.fleet))
 
     async def _fleet(self, request: web.Request) -> web.Response:
         body = await self._shared_answer("fleet", self.fleet)

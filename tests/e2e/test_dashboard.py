@@ -343,3 +343,22 @@ def test_page_says_no_answer_when_nothing_ever_answers() -> None:
         assert status.text.startswith("no answer: ") and "HTTP 503" in status.text
         assert "HTTP 503" in driver.find_element("id", "traces-note").text
         assert driver.find_element("tag name", "body").get_attribute("data-fleet-polls") == "0"
+
+
+def test_a_drill_down_that_fails_says_why_and_closes() -> None:
+    require_chromium()
+    with StandIn() as site, chromium() as driver:
+        site.answers["/api/fleet/overview"] = (200, overview(FLEET))
+        site.answers["/api/series"] = (200, {"points": []})
+        site.answers["/api/fleet/traces"] = (200, {"traces": []})
+        # The zone is gone by the time it is clicked (a reloaded topology).
+        site.answers["/api/fleet"] = (404, {"error": "the fleet has no zone 'eu-1a'"})
+        driver.get(site.url)
+        wait_for(driver, "#fleet .gpu[data-state]", 2)
+        driver.execute_script("document.querySelector('[data-zone=\"eu-1a\"] .head').click()")
+        wait_for(driver, "#drill .err")  # redrawn each poll: read in one script call
+        note = driver.execute_script("return document.querySelector('#drill .err').textContent")
+        assert "api/fleet?zone=eu-1a: HTTP 404" in note
+        driver.execute_script("document.querySelector('#drill button').click()")
+        wait_for(driver, "#drill[hidden]")
+        assert not driver.find_elements("css selector", "#fleet .selected")
