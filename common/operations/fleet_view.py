@@ -5,7 +5,11 @@ so its ops server can answer for the fleet. ``FleetView`` adds to it:
 
 * ``/api/fleet``: regions → zones → GPUs with health, utilisation, queues and
   in-flight requests, merged from the global's own view of its regions and each
-  regional and local tier's ``/api/state``;
+  regional and local tier's ``/api/state``; ``?region=R`` or ``?zone=Z`` cuts it
+  to that region or zone (404 when the topology has none of that name);
+* ``/api/fleet/overview``: what the dashboard draws, compact at any fleet size:
+  aggregates per region and zone, and one packed heat-map cell per GPU
+  (``common.operations.fleet_overview``);
 * ``/api/fleet/traces``: the newest traces with every tier's spans
   (``common.observability.trace_view``), each marked ``complete`` unless a tier it passed through
   did not answer (its spans may then be missing);
@@ -27,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import json
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -41,9 +46,12 @@ from common.config.topology import Topology
 from common.observability import tracing as tm
 from common.observability.trace_view import merge_traces, passed_through, recent_traces
 from common.operations.fleet_merge import Fetched, merge_fleet
+from common.operations.fleet_overview import overview as compact_overview
+from common.operations.fleet_overview import part
 from common.operations.ops_http import OpsServer
 
 DASHBOARD_HTML = Path(__file__).with_name("dashboard.html")
+_DUMPS = functools.partial(json.dumps, separators=(",", ":"))
 _WILDCARD = {"0.0.0.0": "127.0.0.1", "::": "::1", "[::]": "[::1]", "": "127.0.0.1"}
 
 
@@ -111,6 +119,7 @@ class FleetView:
         app.router.add_get("/", self._page)
         app.router.add_get("/dashboard", self._page)
         app.router.add_get("/api/fleet", self._fleet)
+        app.router.add_get("/api/fleet/overview", self._overview)
         app.router.add_get("/api/fleet/traces", self._traces)
         app.on_cleanup.append(self._close)
 
@@ -196,8 +205,23 @@ class FleetView:
             body["note"] = own["note"]
         return body
 
+    async def overview(self) -> dict[str, Any]:
+        return compact_overview(await self._shared_answer("fleet", self.fleet))
+
     async def _fleet(self, request: web.Request) -> web.Response:
-        return web.json_response(await self._shared_answer("fleet", self.fleet))
+        body = await self._shared_answer("fleet", self.fleet)
+        region, zone = request.query.get("region"), request.query.get("zone")
+        if region is not None or zone is not None:
+            cut = part(body, region=region, zone=zone)
+            if cut is None:
+                wanted = f"zone {zone!r}" if zone is not None else f"region {region!r}"
+                return web.json_response({"error": f"the fleet has no {wanted}"}, status=404)
+            body = cut
+        return _compact_json(body)
+
+    async def _overview(self, request: web.Request) -> web.Response:
+        body = await self._shared_answer("overview", self.overview)
+        return _compact_json(body)
 
     async def _traces(self, request: web.Request) -> web.Response:
         try:
@@ -216,6 +240,14 @@ class FleetView:
         )
 
 
+def _compact_json(body: dict[str, Any]) -> web.Response:
+    """``body`` as JSON without spaces, gzip- or deflate-encoded when the client accepts
+    it (aiohttp reads Accept-Encoding; a browser asks, ``meridian top`` does not): JSON
+    this repetitive shrinks several-fold."""
+    response = web.json_response(body, dumps=_DUMPS)
+    response.enable_compression()
+    return response
+
+
 def _is_global(span: Mapping[str, Any]) -> bool:
     return bool(span.get("attributes", {}).get(tm.TIER) == "global")
-

@@ -24,6 +24,7 @@ import pytest
 
 from cli.launcher import Fleet
 from common.observability.trace_view import merge_traces, recent_traces
+from common.operations.fleet_overview import overview
 from common.operations.fleet_view import DASHBOARD_HTML
 from tests.browser import chromium, require_chromium, show_trace, wait_for
 from tests.cli.test_top import FLEET
@@ -212,6 +213,16 @@ def test_dashboard_in_headless_chromium(fleet: Fleet, tmp_path: Path) -> None:
                 > polls + 1
             )
         )
+        # A click on a zone shows its GPUs in full.
+        zone = fleet.topology.regions[1].zones[0]
+        driver.execute_script(
+            f"document.querySelector('[data-zone=\"{zone.name}\"] .head').click()"
+        )
+        wait_for(driver, f"#drill[data-kind='zone'][data-name='{zone.name}'] tr.gpu-row")
+        shown = driver.execute_script(
+            "return [...document.querySelectorAll('#drill tr.gpu-row')].map((r) => r.dataset.gpu)"
+        )
+        assert shown == [g.name for g in zone.gpus]
         shot = tmp_path / "dashboard.png"
         assert driver.save_screenshot(str(shot))
         assert shot.stat().st_size > 10_000
@@ -293,7 +304,7 @@ def canned_trace(complete: bool) -> dict[str, Any]:
 def test_page_draws_what_answered_and_says_what_did_not() -> None:
     require_chromium()
     with StandIn() as site, chromium() as driver:
-        site.answers["/api/fleet"] = (200, FLEET)
+        site.answers["/api/fleet/overview"] = (200, overview(FLEET))
         site.answers["/api/series"] = (500, {"error": "boom"})
         site.answers["/api/fleet/traces"] = (200, {"traces": [canned_trace(complete=False)]})
         driver.get(site.url)
@@ -315,7 +326,7 @@ def test_page_draws_what_answered_and_says_what_did_not() -> None:
         assert len(driver.find_elements("css selector", "#timeline .span-row")) > partial_rows
         wait_for(driver, "#status[data-state='live']")
         # Then nothing answers: the page keeps what it drew and says since when.
-        for path in ("/api/fleet", "/api/series"):
+        for path in ("/api/fleet/overview", "/api/series"):
             site.answers[path] = (503, {"error": "gone"})
         (status,) = wait_for(driver, "#status[data-state='stale']")
         assert status.text.startswith("no answer for ") and "HTTP 503" in status.text
@@ -325,10 +336,29 @@ def test_page_draws_what_answered_and_says_what_did_not() -> None:
 def test_page_says_no_answer_when_nothing_ever_answers() -> None:
     require_chromium()
     with StandIn() as site, chromium() as driver:
-        for path in ("/api/fleet", "/api/series", "/api/fleet/traces"):
+        for path in ("/api/fleet/overview", "/api/series", "/api/fleet/traces"):
             site.answers[path] = (503, {"error": "starting"})
         driver.get(site.url)
         (status,) = wait_for(driver, "#status[data-state='error']")
         assert status.text.startswith("no answer: ") and "HTTP 503" in status.text
         assert "HTTP 503" in driver.find_element("id", "traces-note").text
         assert driver.find_element("tag name", "body").get_attribute("data-fleet-polls") == "0"
+
+
+def test_a_drill_down_that_fails_says_why_and_closes() -> None:
+    require_chromium()
+    with StandIn() as site, chromium() as driver:
+        site.answers["/api/fleet/overview"] = (200, overview(FLEET))
+        site.answers["/api/series"] = (200, {"points": []})
+        site.answers["/api/fleet/traces"] = (200, {"traces": []})
+        # The zone is gone by the time it is clicked (a reloaded topology).
+        site.answers["/api/fleet"] = (404, {"error": "the fleet has no zone 'eu-1a'"})
+        driver.get(site.url)
+        wait_for(driver, "#fleet .gpu[data-state]", 2)
+        driver.execute_script("document.querySelector('[data-zone=\"eu-1a\"] .head').click()")
+        wait_for(driver, "#drill .err")  # redrawn each poll: read in one script call
+        note = driver.execute_script("return document.querySelector('#drill .err').textContent")
+        assert "api/fleet?zone=eu-1a: HTTP 404" in note
+        driver.execute_script("document.querySelector('#drill button').click()")
+        wait_for(driver, "#drill[hidden]")
+        assert not driver.find_elements("css selector", "#fleet .selected")
