@@ -241,12 +241,10 @@ class ChildSet:
         on_gone: Callable[[Child], Awaitable[None]] | None = None,
         poll_s: float = 0.05,
     ) -> None:
-        """A child gone from a reloaded topology: drain it now (it cannot be
-        undrained any more); once its in-flight calls have ended, run ``on_gone``,
-        forget it and stop watching it, and close its channel once no call is on
-        it (one that raced ``on_gone`` ends first). Retiring a child twice is a
-        no-op. In-flight calls are polled every ``poll_s``: the counter is plain
-        and written by the balancers, so there is no event to wait on."""
+        """A child gone from a reloaded topology: drain it now for good; once its
+        in-flight calls have ended (polled every ``poll_s``: the balancers write a
+        plain counter, there is no event), run ``on_gone``, forget it, stop watching
+        it, and close its channel once no call is on it. A second retire is a no-op."""
         if child.name in self._leaving:
             return
         self._leaving.add(child.name)
@@ -289,8 +287,8 @@ class ChildSet:
     def mark_failed(self, child: Child, error: str) -> None:
         """A forward to ``child`` failed: stop routing to it until a probe succeeds."""
         if child.healthy:
-            fields = {"event": "child_down", "child": child.name, "error": error}
-            log.warning("%s %s marked down: %s", self.kind, child.name, error, extra=fields)
+            down = {"event": "child_down", "child": child.name, "error": error}
+            log.warning("%s %s marked down: %s", self.kind, child.name, error, extra=down)
             child.healthy = False
             self._changed()
         child.last_error = error
