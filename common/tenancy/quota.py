@@ -157,12 +157,19 @@ GCRA_SHA = GCRA.sha
 
 # Settling a request's tokens on its real count: move the TAT by the difference
 # (ARGV[1], µs, negative for a refund), without any conformance check (the request
-# was already served). A refund stops at now: a full bucket, never more than its
-# burst. Replies with TAT − now that results (0: full, the key removed).
+# was already served). The caller's floor and force (ARGV[2], ARGV[3]) work as in
+# GCRA, so a settlement is never how a restarted Redis hands out a fresh burst. A
+# refund stops at now: a full bucket, never more than its burst. Replies with
+# TAT − now that results (0: full, the key removed).
 SETTLE = Script("""
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local tat = math.max(tonumber(redis.call('GET', KEYS[1])) or now, now) + tonumber(ARGV[1])
+local stored = tonumber(redis.call('GET', KEYS[1]))
+local tat = math.max(stored or now, now)
+if stored == nil or ARGV[3] == '1' then
+  tat = math.max(tat, now + tonumber(ARGV[2]))
+end
+tat = tat + tonumber(ARGV[1])
 if tat <= now then
   redis.call('DEL', KEYS[1])
   return {0}
@@ -291,17 +298,23 @@ class TenantRateLimiter:
         raises for Redis: while it is down the difference goes to this replica's copy."""
         if tenant.tokens_per_min is None or tokens == 0:
             return
-        shift_us = tokens * 60e6 / tenant.tokens_per_min
+        interval_us = 60e6 / tenant.tokens_per_min
+        shift_us = tokens * interval_us
         copy = f"{tenant.id}:tpm"
         if self.shared.due():
             key = f"{self.key_prefix}:{{{tenant.id}}}:tpm"
             sent = self.clock()
+            ahead_us = (self._local.get(copy, sent) - sent) * 1e6
+            floor_us = min(max(0.0, ahead_us), token_burst(tenant.tokens_per_min) * interval_us)
+            force = copy in self._unsynced
+            args = [repr(shift_us), repr(floor_us), "1" if force else "0"]
             reply: list[int] | None = None
             with contextlib.suppress(RedisDown):
-                reply = await self.shared.run(SETTLE, [key], [repr(shift_us)])
+                reply = await self.shared.run(SETTLE, [key], args)
             raise_lost_cancel()
             if reply is not None:
                 self._local[copy] = sent + int(reply[0]) / 1e6
+                self._unsynced.discard(copy)  # forced: Redis has what the copy had
                 return
         # In process, at this replica's share (as _admit_local steps it).
         now = self.clock()

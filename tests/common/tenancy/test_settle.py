@@ -82,6 +82,27 @@ async def test_a_refund_never_fills_the_bucket_past_its_burst(
     assert not await admitted(limiter, who, 5)
 
 
+async def test_a_settlement_after_redis_lost_the_bucket_gives_no_fresh_burst(
+    limiters: LimiterFactory, redis_server: EmbeddedRedis
+) -> None:
+    """The key gone (a Redis restarted empty): the settlement starts from where this
+    replica last saw the bucket, as an admission would, not from a full one."""
+    limiter, who = limiters(), tenant(tokens_per_min=TPM)
+    await limiter.admit(who, 90)  # 9 s of tokens taken
+    client = redis.Redis.from_url(redis_server.url)
+    try:
+        client.delete(f"{limiter.key_prefix}:{{{who.id}}}:tpm")
+        await limiter.settle(who, 5)
+        seconds, micros = client.time()
+    finally:
+        client.close()
+    tat, _ = tat_and_ttl(limiter, who.id, redis_server.url)
+    assert tat is not None
+    ahead_s = (tat - (seconds * 1_000_000 + micros)) / 1e6
+    assert 9.0 <= ahead_s <= 9.5  # 9 s the replica knew of + the 0.5 s charged
+    assert not await admitted(limiter, who, 10)
+
+
 async def test_while_redis_is_down_the_difference_goes_to_the_replicas_copy(
     limiters: LimiterFactory,
 ) -> None:
