@@ -28,6 +28,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import grpc
 
@@ -142,10 +143,10 @@ class _PromptLog:
             real = engine.generate
 
             def generate(
-                prompt: str, max_tokens: int, *, model: str = "", real: Generate = real
+                prompt: str, max_tokens: int, *, real: Generate = real, **options: Any
             ) -> AsyncGenerator[str, None]:
                 self.seen[prompt] += 1
-                return real(prompt, max_tokens, model=model)
+                return real(prompt, max_tokens, **options)
 
             setattr(engine, "generate", generate)  # noqa: B010 (this instance only)
 

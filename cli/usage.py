@@ -56,11 +56,12 @@ def _iso(ms: int) -> str:
     )
 
 
-_COLUMNS = "tenant model requests ok prompt_tokens completion_tokens gpu_seconds".split()
+# estimated: requests whose token counts are estimates (the GPU server reported none).
+_COLUMNS = "tenant model requests ok prompt_tokens completion_tokens estimated gpu_seconds".split()
 
 
 def _cells(tenant: str, model: str, t: UsageTotals) -> list[str]:
-    counts = (t.requests, t.ok_requests, t.prompt_tokens, t.completion_tokens)
+    counts = (t.requests, t.ok_requests, t.prompt_tokens, t.completion_tokens, t.estimated)
     return [tenant, model, *map(str, counts), f"{t.gpu_seconds:.3f}"]
 
 

@@ -98,6 +98,8 @@ class _Sequence:
     model: str
     prompt_tokens: int
     max_tokens: int
+    # Where its answer ends (an emulated end-of-sequence), at most max_tokens.
+    stop_at: int
     block_hashes: list[int]
     rng: random.Random
     out: asyncio.Queue[str | EngineError] = field(default_factory=asyncio.Queue)
@@ -178,17 +180,19 @@ class GpuEngine:
     # ------------------------------------------------------------------ requests
 
     async def generate(
-        self, prompt: str, max_tokens: int, *, model: str = ""
+        self, prompt: str, max_tokens: int, *, model: str = "", answer_tokens: int | None = None
     ) -> AsyncGenerator[str, None]:
-        """Yield exactly ``max_tokens`` fake tokens, one per engine step.
-
-        Raises ``RequestTooLarge`` or ``EngineStopped`` at the first iteration.
-        Closing or cancelling the iteration frees the request's KV reservation;
-        wrap it in ``contextlib.aclosing`` when breaking out early.
-        """
+        """Yield ``max_tokens`` fake tokens, one per engine step; fewer when
+        ``answer_tokens`` ends the answer first (the model's end of sequence: the KV
+        reservation is still ``prompt + max_tokens``). Raises ``RequestTooLarge`` or
+        ``EngineStopped`` at the first iteration. Closing or cancelling the iteration
+        frees the request's KV reservation; wrap it in ``contextlib.aclosing`` when
+        breaking out early."""
         seq = self._submit(prompt, max_tokens, model)
+        if answer_tokens is not None:
+            seq.stop_at = max(1, min(max_tokens, answer_tokens))
         try:
-            for _ in range(max_tokens):
+            for _ in range(seq.stop_at):
                 item = await seq.out.get()
                 if isinstance(item, EngineError):
                     raise item
@@ -213,6 +217,7 @@ class GpuEngine:
             model=model,
             prompt_tokens=prompt_tokens,
             max_tokens=max_tokens,
+            stop_at=max_tokens,
             block_hashes=prompt_block_hashes(prompt, model=model),
             rng=random.Random(int.from_bytes(seed, "little")),
         )
@@ -291,7 +296,7 @@ class GpuEngine:
             seq.generated += 1
             for counters in self._counters(seq.model):
                 counters.tokens_generated_total += 1
-            if seq.generated >= seq.max_tokens:
+            if seq.generated >= seq.stop_at:
                 finished.append(seq)
         for seq in finished:
             seq.done = True

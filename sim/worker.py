@@ -5,6 +5,7 @@ names, so the local tier scrapes it exactly as it would scrape a real vLLM.
 Every unary response (and every stream, at its end) carries trailing metadata
 ``x-meridian-route`` (the GPU name) and ``x-meridian-load``
 (``running=<n>,waiting=<n>,kv=<0..1>``), a free load sample for the router.
+Every response says what the request really cost so far (``sim.answers``).
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ from common.config.topology import ZoneConfig
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.server import V2Server
-from common.request.v2 import GenerateRequest, parse_generate, text_response, wants_stream
+from common.request.v2 import GenerateRequest, parse_generate, wants_stream
+from sim.answers import answer, answer_length, stream_error, stream_response
 from sim.engine import EngineError, GpuEngine, RequestTooLarge
 
 SERVER_NAME = "meridian-sim-gpu"
@@ -225,12 +227,12 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
         try:
             gen = self._parse(request)
-            async with contextlib.aclosing(self._generate(gen)) as tokens:
-                text = " ".join([token async for token in tokens])
+            async with contextlib.aclosing(self._generate(gen, answer_length(request, gen))) as it:
+                words = [token async for token in it]
         except RouteError as exc:
             await self._abort(context, exc)
         context.set_trailing_metadata(self._trailers())
-        return text_response(request, text)
+        return answer(request, gen, " ".join(words), len(words), report=self.gpu.report_tokens)
 
     async def _abort(self, context: Any, exc: RouteError) -> None:
         """End the call with ``exc``'s status; raises (grpc's abort never returns)."""
@@ -286,36 +288,40 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
     async def _stream_one(
         self, request: pb.ModelInferRequest, out: asyncio.Queue[pb.ModelStreamInferResponse | None]
     ) -> None:
+        report = self.gpu.report_tokens
         try:
             gen = self._parse(request)
+            length = answer_length(request, gen)
             if not wants_stream(request):
                 # `stream: false` asks for the whole text in one final response.
-                async with contextlib.aclosing(self._generate(gen)) as tokens:
-                    text = " ".join([token async for token in tokens])
-                await out.put(_stream_response(text_response(request, text, final=True)))
+                async with contextlib.aclosing(self._generate(gen, length)) as tokens:
+                    words = [token async for token in tokens]
+                whole = answer(request, gen, " ".join(words), len(words), report=report, final=True)
+                await out.put(stream_response(whole))
                 return
-            last = gen.max_tokens - 1
-            async with contextlib.aclosing(self._generate(gen)) as tokens:
+            async with contextlib.aclosing(self._generate(gen, length)) as tokens:
                 i = 0
                 async for token in tokens:
-                    response = text_response(request, token, final=i == last)
-                    await out.put(_stream_response(response))
                     i += 1
+                    response = answer(request, gen, token, i, report=report, final=i == length)
+                    await out.put(stream_response(response))
         except RouteError as exc:
-            await out.put(_stream_error(request, f"{exc.code.name}: {exc.message}"))
+            await out.put(stream_error(request, f"{exc.code.name}: {exc.message}"))
         except Exception as exc:  # a bug must still answer the request, not drop it
-            await out.put(_stream_error(request, f"INTERNAL: {type(exc).__name__}: {exc}"))
+            await out.put(stream_error(request, f"INTERNAL: {type(exc).__name__}: {exc}"))
 
     def _parse(self, request: pb.ModelInferRequest) -> GenerateRequest:
         gen = parse_generate(request)
         self._check_model(gen.model, gen.version)
         return gen
 
-    async def _generate(self, gen: GenerateRequest) -> AsyncGenerator[str, None]:
-        """Engine tokens, with engine failures turned into ``RouteError``."""
+    async def _generate(self, gen: GenerateRequest, length: int) -> AsyncGenerator[str, None]:
+        """The answer's ``length`` engine tokens, engine failures turned into ``RouteError``."""
         try:
             async with contextlib.aclosing(
-                self.engine.generate(gen.prompt, gen.max_tokens, model=gen.model)
+                self.engine.generate(
+                    gen.prompt, gen.max_tokens, model=gen.model, answer_tokens=length
+                )
             ) as tokens:
                 async for token in tokens:
                     yield token
@@ -338,18 +344,6 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
 
 def _label(value: str) -> str:
     return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _stream_error(request: pb.ModelInferRequest, message: str) -> pb.ModelStreamInferResponse:
-    # The V2 error response has no id field; name the request so a multiplexed
-    # stream's client can tell which one failed.
-    if request.id:
-        message = f"{message} (request id {request.id!r})"
-    return pb.ModelStreamInferResponse(error_message=message)
-
-
-def _stream_response(response: pb.ModelInferResponse) -> pb.ModelStreamInferResponse:
-    return pb.ModelStreamInferResponse(infer_response=response)
 
 
 class ZoneWorkers:

@@ -51,6 +51,9 @@ class GpuConfig:
     versions: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # The local tier dials it with TLS (None: plaintext, the default).
     tls: GpuTls | None = None
+    # The emulated GPU reports its token counts in its responses (false: it
+    # reports none, as a server without them would; the edge bills estimates).
+    report_tokens: bool = True
 
     def serves(self, model: str, version: str = "") -> bool:
         """True when this GPU serves ``model`` (at ``version``, when one is asked for)."""
@@ -103,6 +106,7 @@ def parse_gpu(node: ConfigNode) -> GpuConfig:
         kv_cache_tokens=kv_tokens,
         versions={m: frozenset(v) for m, v in versions.items()},
         tls=parse_gpu_tls(node),
+        report_tokens=node.get("report_tokens", True, kind=bool),
     )
     node.done()
     return gpu

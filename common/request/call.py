@@ -61,6 +61,9 @@ class CallRecord:
     # True once the GPU server's own counts replaced the estimates above (the
     # estimate is prompt words and max_tokens until the answer says otherwise).
     tokens_reported: bool = False
+    # Tokens the edge's tokens_per_min quota took at admission (prompt words +
+    # max_tokens; 0: none), settled against the counts above when the call ends.
+    tokens_charged: int = 0
     # Seconds from ``started`` to the first response sent back (None: none was sent).
     first_response_s: float | None = None
     # The tier's server span (the tracing observer's); decisions and attempts nest under it.

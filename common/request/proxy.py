@@ -36,6 +36,7 @@ from common.request.routing import RouteHints, parse_hints
 from common.request.stream_limits import OpenStreams
 from common.request.stream_request import RequestPath, StreamRequestAttempt
 from common.request.streaming import Release, StreamRelay, no_release
+from common.request.tokens import TokenCount
 from common.request.v2 import MAX_NAME_CHARS, GenerateRequest, parse_generate
 
 VERSION = "0.1.0"
@@ -57,7 +58,12 @@ class Gate(Protocol):
 
     def identify(self, metadata: object, hints: RouteHints) -> RouteHints: ...
 
-    async def admit(self, hints: RouteHints, pick: PickRequest) -> Release: ...
+    async def admit(
+        self, hints: RouteHints, pick: PickRequest, call: CallRecord | None = None
+    ) -> Release:
+        """Admit the request or raise RouteError; what a token quota charged goes into
+        ``call.tokens_charged``, to be settled on the real count when the call ends."""
+        ...
 
 
 class OpenGate:
@@ -66,7 +72,9 @@ class OpenGate:
     def identify(self, metadata: object, hints: RouteHints) -> RouteHints:
         return hints
 
-    async def admit(self, hints: RouteHints, pick: PickRequest) -> Release:
+    async def admit(
+        self, hints: RouteHints, pick: PickRequest, call: CallRecord | None = None
+    ) -> Release:
         return no_release
 
 
@@ -146,7 +154,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             gen = parse_generate(request, self.limits)
             pick = self.pick_request(gen.model, gen.version, hints, gen)
             call.prompt_tokens = pick.prompt_tokens
-            release = await self.gate.admit(hints, pick)
+            release = await self.gate.admit(hints, pick, call)
             try:
                 attempt: UnaryAttempt[pb.ModelInferResponse] = UnaryAttempt("ModelInfer", request)
                 response, call.route = await self.forwarder.forward(
@@ -154,7 +162,10 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
                 )
             finally:
                 release()
-            call.completion_tokens = pick.max_tokens
+            # The GPU's own counts, passed up by every tier; else the estimate stands.
+            count = TokenCount()
+            count.add(response)
+            count.fill(call, completion_estimate=pick.max_tokens)
             return response
         except RouteError as err:
             await self.abort(context, err, request.model_name)
@@ -193,8 +204,8 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
     ) -> RequestPath:
         """What this tier does for each request of a stream: what ModelInfer does."""
 
-        async def admit(pick: PickRequest) -> Release:
-            return await self.gate.admit(hints, pick)
+        async def admit(pick: PickRequest, record: CallRecord) -> Release:
+            return await self.gate.admit(hints, pick, record)
 
         async def forward(attempt: StreamRequestAttempt, pick: PickRequest) -> tuple[None, str]:
             return await self.forwarder.forward(attempt, pick, hints, context, call.span)

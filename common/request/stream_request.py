@@ -15,16 +15,17 @@ stream so marked ends it with the request's status instead of an
 over on (with its ``retry-after-ms``), exactly as for ModelInfer.
 
 What the request cost goes into its own ``CallRecord`` (``CallRecord.for_request``):
-its prompt tokens, and as completion tokens the token responses it got when
-streamed, or its ``max_tokens`` when it asked for ``stream: false`` (as ModelInfer
-is billed today; real token counts are a later change, see the README).
+the counts its GPU reported in the responses (``common.request.tokens``: the last
+response's totals, or Triton's per-response counts summed), else the estimates: its
+prompt in words, and as completion tokens the token responses it got when
+streamed, or its ``max_tokens`` when it asked for ``stream: false``.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
@@ -36,6 +37,7 @@ from common.request.children import Child
 from common.request.forwarding import Metadata
 from common.request.pick import PickRequest
 from common.request.routing import SINGLE_REQUEST
+from common.request.tokens import TokenCount
 from common.request.v2 import GenerateRequest, wants_stream
 
 # Gives back what admitting a request took (a tenant's concurrency slot).
@@ -60,6 +62,8 @@ class StreamRequestAttempt:
     tokens: int = 0
     # The child's ``error_message`` for this request, if it sent one.
     error: str = ""
+    # What the GPU reported of the request's tokens in the responses so far.
+    count: TokenCount = field(default_factory=TokenCount)
 
     async def send(
         self, child: Child, metadata: Metadata, timeout: float | None
@@ -75,8 +79,10 @@ class StreamRequestAttempt:
                 self.committed = True  # a response goes back: no failover from here on
                 if response.error_message:
                     self.error = response.error_message
-                elif len(response.infer_response.outputs):
-                    self.tokens += 1
+                else:
+                    self.count.add(response.infer_response)
+                    if len(response.infer_response.outputs):
+                        self.tokens += 1
                 await self.write(response)
             return None, await call.trailing_metadata()
         finally:
@@ -91,7 +97,7 @@ class RequestPath:
 
     parse: Callable[[pb.ModelInferRequest], GenerateRequest]
     pick: Callable[[GenerateRequest], PickRequest]
-    admit: Callable[[PickRequest], Awaitable[Release]]
+    admit: Callable[[PickRequest, CallRecord], Awaitable[Release]]
     forward: Callable[[StreamRequestAttempt, PickRequest], Awaitable[tuple[None, str]]]
 
 
@@ -131,7 +137,7 @@ class StreamRequest:
         gen = self.path.parse(self.request)
         self.pick = pick = self.path.pick(gen)
         record.prompt_tokens = pick.prompt_tokens
-        release = await self.path.admit(pick)
+        release = await self.path.admit(pick, record)
         try:
             _, record.route = await self.path.forward(self.attempt, pick)
         finally:
@@ -145,8 +151,9 @@ class StreamRequest:
         self.record.code, self.record.detail = code, detail
 
     def completion_tokens(self) -> int:
-        """Token responses it got when streamed; ``max_tokens`` once answered with
-        ``stream: false`` (one response carries the whole text)."""
+        """The estimate where the GPU reported nothing: token responses it got when
+        streamed; ``max_tokens`` once answered with ``stream: false`` (one response
+        carries the whole text)."""
         if wants_stream(self.request):
             return self.attempt.tokens
         served = self.record.code == grpc.StatusCode.OK and self.attempt.tokens > 0
@@ -154,7 +161,7 @@ class StreamRequest:
 
     def report(self) -> None:
         """Hand the finished request's record to the stream's observers."""
-        self.record.completion_tokens = self.completion_tokens()
+        self.attempt.count.fill(self.record, completion_estimate=self.completion_tokens())
         self.stream.request_ended(self.record)
 
 

@@ -61,7 +61,8 @@ class GenerateRequest:
 
     @property
     def prompt_tokens(self) -> int:
-        """Token count estimate: whitespace words (the emulated GPU uses the same rule)."""
+        """Token count estimate: whitespace words (the emulated GPU counts the same way).
+        It stands until the GPU server reports its own count (``common.request.tokens``)."""
         return len(self.prompt.split())
 
 
@@ -85,7 +86,9 @@ def decode_bytes_tensor(raw: bytes) -> list[bytes]:
     return items
 
 
-def _param_int(param: pb.InferParameter, where: str) -> int:
+def param_int(param: pb.InferParameter, where: str) -> int:
+    """An integer request parameter (int64, uint64 or a decimal string); RouteError
+    (INVALID_ARGUMENT) naming ``where`` otherwise."""
     kind = param.WhichOneof("parameter_choice")
     if kind in ("int64_param", "uint64_param"):
         return int(getattr(param, kind))
@@ -146,7 +149,7 @@ def parse_generate(
             f"missing BYTES input '{TEXT_INPUT}' (the prompt); generate requests need it"
         )
     if MAX_TOKENS in request.parameters:
-        max_tokens = _param_int(request.parameters[MAX_TOKENS], f"parameter '{MAX_TOKENS}'")
+        max_tokens = param_int(request.parameters[MAX_TOKENS], f"parameter '{MAX_TOKENS}'")
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:

@@ -8,6 +8,13 @@ admitted is the tenant's to run wherever it lands, and a quota refused below the
 edge would be failed over to another region. The edge also writes exactly one
 usage record per finished request. A tier without any of these (auth off, no
 limits) admits everything as the ``anonymous`` tenant.
+
+Token quotas are charged an estimate up front and settled on the real count:
+when a request ends, the edge charges (or gives back) the difference between
+what its GPU reported (``CallRecord.tokens_reported``) and what admission took
+(``CallRecord.tokens_charged``), in the background (``common.tenancy.settle``).
+Where the GPU reported nothing, the estimate stands, and the usage record says
+so (``tokens_reported: False``).
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from common.request.streaming import Release, no_release
 from common.tenancy.auth import Authenticator, asked_priority
 from common.tenancy.concurrency import TenantConcurrency
 from common.tenancy.quota import TenantRateLimiter
+from common.tenancy.settle import QuotaSettler
 from common.tenancy.usage import UsageRecord, UsageRecorder
 
 
@@ -38,15 +46,22 @@ class Admission:
     limiter: TenantRateLimiter | None = None
     concurrency: TenantConcurrency | None = None
     usage: UsageRecorder | None = None
+    # Settles token charges on real counts (set with a limiter, see edge_admission).
+    settler: QuotaSettler | None = None
 
     async def start(self) -> None:
         if self.usage is not None:
             self.usage.start()
+        if self.settler is not None:
+            self.settler.start()
 
     async def stop(self) -> None:
-        """After the server stopped: flush the usage records, close Redis clients."""
+        """After the server stopped: flush the usage records, settle what is pending,
+        close Redis clients."""
         if self.usage is not None:
             await self.usage.stop()
+        if self.settler is not None:
+            await self.settler.stop()
         if self.limiter is not None:
             await self.limiter.close()
         if self.concurrency is not None:
@@ -62,9 +77,12 @@ class Admission:
         tenant = self.authenticator.tenant(metadata)
         return self.authenticator.authorise(tenant, hints, asked_priority(metadata))
 
-    async def admit(self, hints: RouteHints, pick: PickRequest) -> Release:
+    async def admit(
+        self, hints: RouteHints, pick: PickRequest, call: CallRecord | None = None
+    ) -> Release:
         """Apply the tenant's limits; returns the release to call when it finishes
-        (exactly once counts: a second call gives nothing back).
+        (exactly once counts: a second call gives nothing back). The tokens charged
+        go into ``call.tokens_charged``, for ``call_ended`` to settle.
 
         The concurrency lease is taken first: a request refused for being one too
         many takes nothing from the rate limits; one refused by a rate limit gives
@@ -76,11 +94,14 @@ class Admission:
         if self.concurrency is not None:
             release = await self.concurrency.acquire(tenant)
         if self.limiter is not None:
+            tokens = int(pick.work_tokens)
             try:
-                await self.limiter.admit(tenant, int(pick.work_tokens))
+                await self.limiter.admit(tenant, tokens)
             except BaseException:
                 release()
                 raise
+            if call is not None and tenant.tokens_per_min is not None:
+                call.tokens_charged = tokens
         return release
 
     # As a CallObserver of the call interceptor (common.request.call): one usage
@@ -90,9 +111,14 @@ class Admission:
         return None
 
     def call_ended(self, call: CallRecord) -> None:
-        if self.usage is None or call.hints is None or call.carries_requests:
-            # Not the edge, the call failed before its caller was known, or a stream
-            # (each of its requests is billed on its own record).
+        if call.hints is None or call.carries_requests:
+            # The call failed before its caller was known, or a stream (each of its
+            # requests is billed and settled on its own record).
+            return
+        if self.settler is not None and call.tokens_charged and call.tokens_reported:
+            real = call.prompt_tokens + call.completion_tokens
+            self.settler.add(self.tenant(call.hints.tenant), real - call.tokens_charged)
+        if self.usage is None:  # not the edge
             return
         route = call.route
         region, zone, gpu = ([*route.split("/"), "", "", ""])[:3] if route else ("", "", "")
@@ -111,6 +137,7 @@ class Admission:
                 trace_id=call.trace_id,
                 request_id=uuid.uuid4().hex,
                 finished_at_ms=int(time.time() * 1000),
+                tokens_reported=call.tokens_reported,
             )
         )
 
@@ -126,14 +153,16 @@ def edge_admission(
     capped = any(t.max_concurrent is not None for t in auth.tenants)
     # 200 ms: a busy event loop must not push a replica onto its fallback share.
     timeout_s = 0.2
+    limiter = (
+        TenantRateLimiter(redis_url, replicas=replicas, redis_timeout_s=timeout_s)
+        if limited
+        else None
+    )
     return Admission(
         auth,
         authenticator=Authenticator(auth) if auth.enabled else None,
-        limiter=(
-            TenantRateLimiter(redis_url, replicas=replicas, redis_timeout_s=timeout_s)
-            if limited
-            else None
-        ),
+        limiter=limiter,
+        settler=QuotaSettler(limiter) if limiter is not None else None,
         concurrency=(
             TenantConcurrency(redis_url, replicas=replicas, redis_timeout_s=timeout_s)
             if capped

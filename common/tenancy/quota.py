@@ -14,10 +14,18 @@ request of ``cost`` units at ``now`` conforms when
 and then TAT becomes ``max(TAT, now) + cost × interval``. Over any window of
 ``t`` seconds at most ``burst + rate × t`` units conform; a request costing more
 than ``burst`` never does.
+
+A request is charged an estimate of its tokens at admission (prompt words +
+``max_tokens``: what it may cost at most). Once it ended and its GPU reported
+what it really cost, ``settle`` moves the TAT by the difference: a request that
+asked for 1000 tokens and got 10 gives 990 back, one that cost more than its
+estimate (a longer tokenised prompt) pays the rest, after the fact. A refund
+stops at a full bucket (TAT = now): never more than the burst.
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from collections.abc import Sequence
@@ -147,6 +155,30 @@ return reply
 GCRA_SCRIPT = GCRA.text
 GCRA_SHA = GCRA.sha
 
+# Settling a request's tokens on its real count: move the TAT by the difference
+# (ARGV[1], µs, negative for a refund), without any conformance check (the request
+# was already served). The caller's floor and force (ARGV[2], ARGV[3]) work as in
+# GCRA, so a settlement is never how a restarted Redis hands out a fresh burst. A
+# refund stops at now: a full bucket, never more than its burst. Replies with
+# TAT − now that results (0: full, the key removed).
+SETTLE = Script("""
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local stored = tonumber(redis.call('GET', KEYS[1]))
+local tat = math.max(stored or now, now)
+if stored == nil or ARGV[3] == '1' then
+  tat = math.max(tat, now + tonumber(ARGV[2]))
+end
+tat = tat + tonumber(ARGV[1])
+if tat <= now then
+  redis.call('DEL', KEYS[1])
+  return {0}
+end
+local ttl = math.max(1, math.ceil((tat - now) / 1000))
+redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', ttl)
+return {math.floor(tat - now)}
+""")
+
 
 class TenantRateLimiter:
     """Per-tenant ``requests_per_s`` and ``tokens_per_min``, shared by all replicas.
@@ -155,7 +187,8 @@ class TenantRateLimiter:
     NOSCRIPT) over one key per limit, ``<key_prefix>:{<tenant>}:rps|tpm`` (the hash
     tag keeps both in one cluster slot). A request costs 1 against requests_per_s
     and ``tokens`` (prompt + max_tokens) against tokens_per_min; bursts are one
-    second of requests and ten seconds of tokens. Over either limit:
+    second of requests and ten seconds of tokens; ``settle`` later moves the
+    tokens_per_min TAT to the request's real count (module docstring). Over either limit:
     RESOURCE_EXHAUSTED naming the limit, with ``retry-after-ms`` = when it would
     conform and ``x-meridian-quota`` (never failed over); a request larger than
     the token burst: INVALID_ARGUMENT. A tenant with neither limit is admitted
@@ -258,6 +291,37 @@ class TenantRateLimiter:
         if all(wait == 0 for wait in waits):  # stored: Redis has what the copies had
             self._unsynced.difference_update(copies)
         return waits
+
+    async def settle(self, tenant: TenantConfig, tokens: int) -> None:
+        """Charge ``tokens`` more (negative: give them back) to the tenant's
+        tokens_per_min, once a request's real count is known (see ``SETTLE``). Never
+        raises for Redis: while it is down the difference goes to this replica's copy."""
+        if tenant.tokens_per_min is None or tokens == 0:
+            return
+        interval_us = 60e6 / tenant.tokens_per_min
+        shift_us = tokens * interval_us
+        copy = f"{tenant.id}:tpm"
+        if self.shared.due():
+            key = f"{self.key_prefix}:{{{tenant.id}}}:tpm"
+            sent = self.clock()
+            ahead_us = (self._local.get(copy, sent) - sent) * 1e6
+            floor_us = min(max(0.0, ahead_us), token_burst(tenant.tokens_per_min) * interval_us)
+            force = copy in self._unsynced
+            args = [repr(shift_us), repr(floor_us), "1" if force else "0"]
+            reply: list[int] | None = None
+            with contextlib.suppress(RedisDown):
+                reply = await self.shared.run(SETTLE, [key], args)
+            raise_lost_cancel()
+            if reply is not None:
+                self._local[copy] = sent + int(reply[0]) / 1e6
+                self._unsynced.discard(copy)  # forced: Redis has what the copy had
+                return
+        # In process, at this replica's share (as _admit_local steps it).
+        now = self.clock()
+        tat = max(self._local.get(copy, now), now) + shift_us / 1e6 * self.replicas
+        self._local[copy] = max(tat, now)
+        if tokens > 0:  # raise the shared TAT by it when Redis is back
+            self._unsynced.add(copy)
 
     def _admit_local(self, tenant_id: str, limits: Sequence[Limit]) -> list[float]:
         """GCRA in process at this replica's share of each limit; all or nothing."""

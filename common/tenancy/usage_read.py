@@ -16,7 +16,9 @@ log = logging.getLogger(__name__)
 
 @dataclasses.dataclass
 class UsageTotals:
-    """Sums for one (tenant, model); ``statuses`` counts requests per gRPC status name."""
+    """Sums for one (tenant, model); ``statuses`` counts requests per gRPC status name;
+    ``estimated``: requests whose token counts are the edge's estimates (the GPU server
+    reported none; ``UsageRecord.tokens_reported`` False)."""
 
     requests: int = 0
     ok_requests: int = 0
@@ -24,10 +26,12 @@ class UsageTotals:
     completion_tokens: int = 0
     gpu_seconds: float = 0.0
     statuses: dict[str, int] = dataclasses.field(default_factory=dict)
+    estimated: int = 0
 
     def add(self, rec: UsageRecord) -> None:
         self.requests += 1
         self.ok_requests += rec.status == OK_STATUS
+        self.estimated += not rec.tokens_reported
         self.prompt_tokens += rec.prompt_tokens
         self.completion_tokens += rec.completion_tokens
         self.gpu_seconds += rec.gpu_seconds
@@ -39,6 +43,7 @@ class UsageTotals:
         self.prompt_tokens += other.prompt_tokens
         self.completion_tokens += other.completion_tokens
         self.gpu_seconds += other.gpu_seconds
+        self.estimated += other.estimated
         for status, n in other.statuses.items():
             self.statuses[status] = self.statuses.get(status, 0) + n
 

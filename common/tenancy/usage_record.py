@@ -20,6 +20,9 @@ class UsageRecord:
     """What one finished request cost; ``status`` is a gRPC status name (``OK``, ``UNAVAILABLE``).
 
     ``request_id`` is unique per request (uuid4 hex): the key ``summarise`` de-duplicates on.
+    ``tokens_reported``: the token counts are the GPU server's own; False, they are
+    the edge's estimates (prompt words; ``max_tokens``, or the token responses of a
+    stream) because the server reported none (records older than the field read False).
     """
 
     tenant: str
@@ -34,6 +37,7 @@ class UsageRecord:
     trace_id: str
     request_id: str
     finished_at_ms: int
+    tokens_reported: bool = False
 
     def to_fields(self) -> dict[str, str]:
         """Flat string fields for XADD; ``repr`` keeps ``gpu_seconds`` exact."""
@@ -45,20 +49,35 @@ class UsageRecord:
     @classmethod
     def from_fields(cls, fields: Mapping[Any, Any]) -> UsageRecord:
         """Inverse of ``to_fields``; accepts bytes or str, ignores unknown fields (newer
-        writers may add some). ``ValueError`` naming the field when one is missing or bad."""
+        writers may add some) and takes a field with a default as that default when it
+        is missing (older writers lacked it). ``ValueError`` naming the field when one
+        is missing or bad."""
         text = {field_text(k): field_text(v) for k, v in fields.items()}
         values: dict[str, Any] = {}
         for f in dataclasses.fields(cls):
             if f.name not in text:
+                if f.default is not dataclasses.MISSING:
+                    continue
                 raise ValueError(f"usage record has no field {f.name!r}")
-            raw = text[f.name]
             try:
-                values[f.name] = (
-                    int(raw) if f.type == "int" else float(raw) if f.type == "float" else raw
-                )
+                values[f.name] = _parse(f.type, text[f.name])
             except ValueError:
-                raise ValueError(f"usage record field {f.name!r}: bad value {raw!r}") from None
+                raise ValueError(
+                    f"usage record field {f.name!r}: bad value {text[f.name]!r}"
+                ) from None
         return cls(**values)
+
+
+def _parse(kind: object, raw: str) -> Any:
+    if kind == "int":
+        return int(raw)
+    if kind == "float":
+        return float(raw)
+    if kind == "bool":
+        if raw not in ("True", "False"):
+            raise ValueError(raw)
+        return raw == "True"
+    return raw
 
 
 def field_text(value: bytes | str) -> str:

@@ -304,3 +304,20 @@ async def test_stats_per_model(engine_factory: Callable[..., GpuEngine]) -> None
     assert engine.stats("b").prompt_tokens_total == 3
     assert engine.stats("unknown").requests_total == 0
     assert engine.stats().tokens_generated_total == 8
+
+
+async def test_an_answer_ends_at_its_end_of_sequence_holding_its_reservation(
+    engine_factory: Callable[..., GpuEngine],
+) -> None:
+    engine = engine_factory()
+    await engine.start()
+    tokens = engine.generate("one two", 50, answer_tokens=3)
+    first = await anext(tokens)
+    assert engine.stats().kv_reserved_tokens == 2 + 50  # reserved for max_tokens
+    rest = [t async for t in tokens]
+    assert len([first, *rest]) == 3
+    stats = engine.stats()
+    assert (stats.tokens_generated_total, stats.requests_succeeded_total) == (3, 1)
+    assert stats.kv_reserved_tokens == 0  # freed when the answer ended
+    # An answer longer than max_tokens stops at max_tokens.
+    assert len([t async for t in engine.generate("x", 2, answer_tokens=9)]) == 2

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import AsyncIterator
 
@@ -121,6 +122,72 @@ async def test_unary_infer_returns_text_and_load_trailers(
     assert LOAD_RE.match(meta["x-meridian-load"]), meta["x-meridian-load"]
     stats = worker.engine.stats("llama")
     assert (stats.requests_succeeded_total, stats.prompt_tokens_total) == (1, 3)
+
+
+def counts(response: pb.ModelInferResponse) -> tuple[int, int] | None:
+    params = response.parameters
+    if "prompt_tokens" not in params:
+        return None
+    return params["prompt_tokens"].int64_param, params["completion_tokens"].int64_param
+
+
+def answering(request: pb.ModelInferRequest, tokens: int) -> pb.ModelInferRequest:
+    request.parameters["sim_answer_tokens"].int64_param = tokens
+    return request
+
+
+async def test_unary_infer_reports_the_tokens_it_processed_and_generated(
+    stub: pb_grpc.GRPCInferenceServiceStub, worker: GpuWorker
+) -> None:
+    response = await stub.ModelInfer(generate_request("llama", "hello there world", 12))
+    assert counts(response) == (3, 12)
+    # The answer ends (an emulated end of sequence) after 5 of the 100 tokens asked for.
+    response = await stub.ModelInfer(answering(generate_request("llama", "hi", 100), 5))
+    assert len(response_text(response).split()) == 5 and counts(response) == (1, 5)
+    assert worker.engine.stats("llama").tokens_generated_total == 12 + 5
+
+
+async def test_stream_reports_the_counts_so_far_on_every_response(
+    stub: pb_grpc.GRPCInferenceServiceStub,
+) -> None:
+    call = stub.ModelStreamInfer()
+    request = generate_request("llama", "stream me", 50, request_id="s1", stream=True)
+    await call.write(answering(request, 4))
+    whole = answering(generate_request("llama", "all at once", 50, request_id="s2"), 3)
+    whole.parameters["stream"].bool_param = False
+    await call.write(whole)
+    await call.done_writing()
+    by_id: dict[str, list[pb.ModelInferResponse]] = {"s1": [], "s2": []}
+    async for r in call:
+        by_id[r.infer_response.id].append(r.infer_response)
+    assert [counts(r) for r in by_id["s1"]] == [(2, 1), (2, 2), (2, 3), (2, 4)]
+    assert [is_final(r) for r in by_id["s1"]] == [False, False, False, True]
+    [one] = by_id["s2"]
+    assert counts(one) == (3, 3) and is_final(one) and len(response_text(one).split()) == 3
+
+
+async def test_a_gpu_that_does_not_report_tokens_sends_no_counts() -> None:
+    config = dataclasses.replace(gpu_config(), report_tokens=False)
+    worker = GpuWorker(config, region="eu", zone="eu-a", time_scale=0.05)
+    await worker.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{worker.port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            response = await stub.ModelInfer(answering(generate_request("llama", "hi", 9), 2))
+            assert counts(response) is None and len(response_text(response).split()) == 2
+    finally:
+        await worker.stop(0)
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+async def test_a_bad_answer_length_is_invalid_argument(
+    stub: pb_grpc.GRPCInferenceServiceStub, worker: GpuWorker, bad: int
+) -> None:
+    with pytest.raises(grpc.aio.AioRpcError) as err:
+        await stub.ModelInfer(answering(generate_request("llama", "hi", 9), bad))
+    assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "sim_answer_tokens" in (err.value.details() or "")
+    assert worker.engine.stats().requests_total == 0
 
 
 @pytest.mark.parametrize(

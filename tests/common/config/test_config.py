@@ -75,6 +75,13 @@ def test_gpu_speed_is_hardware_times_throttle() -> None:
     assert gpu.speed == pytest.approx(1.6)
 
 
+def test_an_emulated_gpu_reports_its_tokens_unless_told_not_to() -> None:
+    raw = demo()
+    raw["regions"][0]["zones"][0]["gpus"][0].update(report_tokens=False)
+    gpus = topology_from_mapping(raw).regions[0].zones[0].gpus
+    assert [g.report_tokens for g in gpus[:2]] == [False, True]
+
+
 def test_zone_location_defaults_to_region() -> None:
     raw = demo()
     del raw["regions"][1]["zones"][0]["location"]
@@ -108,6 +115,10 @@ def test_zone_location_defaults_to_region() -> None:
         (
             lambda r: r["regions"][0]["zones"][0]["gpus"][0].update(max_concurrency="many"),
             "regions[0].zones[0].gpus[0].max_concurrency",
+        ),
+        (
+            lambda r: r["regions"][0]["zones"][0]["gpus"][0].update(report_tokens="no"),
+            "regions[0].zones[0].gpus[0].report_tokens",
         ),
         (lambda r: r.update(regions=[]), "regions"),
     ],

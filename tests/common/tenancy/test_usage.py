@@ -98,6 +98,15 @@ def test_record_round_trips_through_stream_fields() -> None:
     as_bytes = {k.encode(): v.encode() for k, v in fields.items()}
     assert UsageRecord.from_fields(as_bytes) == rec
     assert UsageRecord.from_fields({**fields, "added_later": "x"}) == rec
+    reported = dataclasses.replace(rec, tokens_reported=True)
+    assert reported.to_fields()["tokens_reported"] == "True"
+    assert UsageRecord.from_fields(reported.to_fields()) == reported
+
+
+def test_a_record_from_before_tokens_reported_reads_as_estimated() -> None:
+    fields = dataclasses.replace(make_record(3), tokens_reported=True).to_fields()
+    del fields["tokens_reported"]
+    assert UsageRecord.from_fields(fields).tokens_reported is False
 
 
 @pytest.mark.parametrize(
@@ -106,6 +115,7 @@ def test_record_round_trips_through_stream_fields() -> None:
         ({"prompt_tokens": "many"}, "prompt_tokens"),
         ({"gpu_seconds": ""}, "gpu_seconds"),
         ({"tenant": None}, "tenant"),
+        ({"tokens_reported": "yes"}, "tokens_reported"),
     ],
 )
 def test_from_fields_names_the_bad_field(change: dict[str, str | None], message: str) -> None:
@@ -407,17 +417,23 @@ def _ms(iso: str) -> int:
 
 
 def _seed(client: redis.Redis, stream: str) -> None:
-    def rec(tenant: str, model: str, p: int, c: int, g: float, status: str, at: str) -> None:
+    def rec(
+        tenant: str, model: str, p: int, c: int, g: float, status: str, at: str,
+        reported: bool | None = False,
+    ) -> None:  # fmt: skip
         r = UsageRecord(
             tenant, model, "eu-west", "eu-west-1a", "gpu-0", p, c, g, status, "t",
-            uuid.uuid4().hex, _ms(at),
+            uuid.uuid4().hex, _ms(at), bool(reported),
         )  # fmt: skip
-        client.xadd(stream, r.to_fields())  # type: ignore[arg-type]
+        fields = r.to_fields()
+        if reported is None:  # written before records had the field: read as estimated
+            del fields["tokens_reported"]
+        client.xadd(stream, fields)  # type: ignore[arg-type]
 
     rec("acme", "demo-llm", 100, 16, 0.5, "OK", "2025-01-31T10:00:00")
     rec("acme", "demo-llm", 200, 0, 0.25, "UNAVAILABLE", "2025-01-31T11:00:00")
-    rec("acme", "big-llm", 1000, 64, 2.0, "OK", "2025-01-31T11:30:00")
-    rec("globex", "demo-llm", 50, 8, 0.125, "OK", "2025-01-31T11:59:59")
+    rec("acme", "big-llm", 1000, 64, 2.0, "OK", "2025-01-31T11:30:00", reported=True)
+    rec("globex", "demo-llm", 50, 8, 0.125, "OK", "2025-01-31T11:59:59", reported=None)
     rec("globex", "demo-llm", 9, 9, 9.0, "OK", "2025-01-31T12:00:00")  # outside: until is open
 
 
@@ -436,11 +452,11 @@ def test_usage_main_prints_a_table(
     assert code == 0
     assert out.splitlines() == [
         f"usage 2025-01-31T00:00:00Z .. 2025-01-31T12:00:00Z (stream {stream})",
-        "tenant  model     requests  ok  prompt_tokens  completion_tokens  gpu_seconds",
-        "acme    big-llm          1   1           1000                 64        2.000",
-        "acme    demo-llm         2   1            300                 16        0.750",
-        "globex  demo-llm         1   1             50                  8        0.125",
-        "total                    4   3           1350                 88        2.875",
+        "tenant  model     requests  ok  prompt_tokens  completion_tokens  estimated  gpu_seconds",
+        "acme    big-llm          1   1           1000                 64          0        2.000",
+        "acme    demo-llm         2   1            300                 16          2        0.750",
+        "globex  demo-llm         1   1             50                  8          1        0.125",
+        "total                    4   3           1350                 88          3        2.875",
     ]
 
 
@@ -458,13 +474,13 @@ def test_usage_main_prints_json(
     assert doc["totals"] == [
         {"tenant": "acme", "model": "big-llm", "requests": 1, "ok_requests": 1,
          "prompt_tokens": 1000, "completion_tokens": 64, "gpu_seconds": 2.0,
-         "statuses": {"OK": 1}},
+         "statuses": {"OK": 1}, "estimated": 0},
         {"tenant": "acme", "model": "demo-llm", "requests": 2, "ok_requests": 1,
          "prompt_tokens": 300, "completion_tokens": 16, "gpu_seconds": 0.75,
-         "statuses": {"OK": 1, "UNAVAILABLE": 1}},
+         "statuses": {"OK": 1, "UNAVAILABLE": 1}, "estimated": 2},
         {"tenant": "globex", "model": "demo-llm", "requests": 1, "ok_requests": 1,
          "prompt_tokens": 50, "completion_tokens": 8, "gpu_seconds": 0.125,
-         "statuses": {"OK": 1}},
+         "statuses": {"OK": 1}, "estimated": 1},
     ]  # fmt: skip
 
 
