@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import sys
+import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 from typing import Any, TypeAlias
 
@@ -29,6 +29,8 @@ from common.request.server import V2Server
 from common.request.v2 import GenerateRequest, parse_generate, wants_stream
 from sim.answers import answer, answer_length, stream_error, stream_response
 from sim.engine import EngineError, GpuEngine, RequestTooLarge
+
+log = logging.getLogger(__name__)
 
 SERVER_NAME = "meridian-sim-gpu"
 SERVER_VERSION = "0.1.0"
@@ -379,15 +381,24 @@ class ZoneWorkers:
 async def run_zone_workers(
     zone: ZoneConfig, region: str, time_scale: float, stop: asyncio.Event, tls: ServerTls = None
 ) -> None:
-    """Serve a zone's GPUs until ``stop`` is set; print one line per GPU once listening."""
+    """Serve a zone's GPUs until ``stop`` is set; log one line per GPU once listening
+    (through the process's log handler, so JSON logs stay JSON)."""
     workers = ZoneWorkers(zone, region=region, time_scale=time_scale, tls=tls)
     await workers.start()
     try:
         for w in workers:
-            print(
-                f"worker {w.gpu.name} listening {w.address} metrics {w.metrics_address}",
-                flush=True,
-                file=sys.stdout,
+            fields = {
+                "event": "worker_started",
+                "gpu": w.gpu.name,
+                "address": w.address,
+                "metrics_address": w.metrics_address,
+            }
+            log.info(
+                "worker %s listening %s metrics %s",
+                w.gpu.name,
+                w.address,
+                w.metrics_address,
+                extra=fields,
             )
         await stop.wait()
     finally:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
 import re
 from collections.abc import AsyncIterator
 
@@ -396,19 +397,20 @@ async def test_zone_workers_start_every_gpu() -> None:
         await zone.stop(0)
 
 
-async def test_run_zone_workers_prints_addresses_and_stops(
-    capsys: pytest.CaptureFixture[str],
+async def test_run_zone_workers_logs_addresses_and_stops(
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
+    caplog.set_level(logging.INFO, logger="sim.worker")
     stop = asyncio.Event()
     task = asyncio.create_task(run_zone_workers(zone_config(), "eu", 0.05, stop))
-    out = ""
     try:
         for _ in range(500):
-            out += capsys.readouterr().out
-            if out.count("\n") >= 2 or task.done():
+            started = [r for r in caplog.records if getattr(r, "event", "") == "worker_started"]
+            if len(started) >= 2 or task.done():
                 break
             await asyncio.sleep(0.01)
-        lines = out.splitlines()
+        assert [r.gpu for r in started] == ["gpu-a", "gpu-h"]  # type: ignore[attr-defined]
+        lines = [r.getMessage() for r in started]
         assert [line.split()[1] for line in lines] == ["gpu-a", "gpu-h"]
         for line in lines:
             assert re.match(
