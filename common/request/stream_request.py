@@ -23,6 +23,7 @@ is billed today; real token counts are a later change, see the README).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -60,6 +61,8 @@ class StreamRequestAttempt:
     tokens: int = 0
     # The child's ``error_message`` for this request, if it sent one.
     error: str = ""
+    # When (monotonic) the first response carrying output was written back.
+    first_response_at: float | None = None
 
     async def send(
         self, child: Child, metadata: Metadata, timeout: float | None
@@ -78,6 +81,8 @@ class StreamRequestAttempt:
                 elif len(response.infer_response.outputs):
                     self.tokens += 1
                 await self.write(response)
+                if self.first_response_at is None and self.tokens:
+                    self.first_response_at = time.monotonic()
             return None, await call.trailing_metadata()
         finally:
             # Abandoned (the stream ended, a write timed out): the child, and the GPU
@@ -154,8 +159,12 @@ class StreamRequest:
 
     def report(self) -> None:
         """Hand the finished request's record to the stream's observers."""
-        self.record.completion_tokens = self.completion_tokens()
-        self.stream.request_ended(self.record)
+        record = self.record
+        record.completion_tokens = self.completion_tokens()
+        record.streamed = wants_stream(self.request)
+        if self.attempt.first_response_at is not None:
+            record.first_response_s = self.attempt.first_response_at - record.started
+        self.stream.request_ended(record)
 
 
 async def serve_request(

@@ -11,6 +11,7 @@ import asyncio
 import logging
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -21,6 +22,7 @@ from common.config.access import Limits
 from common.config.liveness import Keepalive
 from common.config.node import Endpoint
 from common.config.tls import TierTls, tier_server_credentials
+from common.observability.decisions import DecisionCounter
 from common.observability.tier_metrics import CountingRetryBudget, TierMetrics
 from common.observability.tracing import Telemetry, TierTracing
 from common.operations.admin import ADMIN_SERVICE, AdminService
@@ -104,16 +106,18 @@ class TierServer:
             self.children,
             models=frozenset(m for c in self.children for m in c.models),
             tenants=self.tenants,
+            summaries=self.reader is not None,  # children that publish capacity summaries
         )
         for add in self.ops_additions.metrics:
             add(self.metrics)
+        self.metrics.watch_redis(self._redis_clients())
         tracing = TierTracing(
             self.telemetry.tracer if self.telemetry is not None else trace.NoOpTracer(),
             self.spec.tier,
         )
         self.forwarder = Forwarder(
             self.policy,
-            self.balancer,
+            DecisionCounter(self.balancer, self.metrics.decided),
             budget=CountingRetryBudget(self.metrics.retries.labels(self.spec.tier)),
             tracing=tracing if tracing.enabled else None,
             hint_source=self.publisher.latest_hint if self.publisher is not None else no_hint,
@@ -148,6 +152,15 @@ class TierServer:
         # A child came or left, or a reload changed a kept child's models: a model
         # nobody serves any more is NOT_FOUND again, a new one is served.
         self.children.add_listener(self._children_changed)
+
+    def _redis_clients(self) -> dict[str, Callable[[], bool]]:
+        """Whether each of the tier's Redis clients is connected, for ``meridian_redis_up``."""
+        clients: dict[str, Callable[[], bool]] = {}
+        if self.publisher is not None:
+            clients["capacity_publisher"] = self.publisher.redis_up
+        if self.reader is not None:
+            clients["capacity_reader"] = self.reader.redis_up
+        return clients
 
     def _v2_server(self, tracing: TierTracing) -> V2Server:
         """The gRPC server, its calls observed by tracing, metrics and (at the edge) usage."""
