@@ -102,9 +102,25 @@ class TierMetrics:
         self.children = children
         self.models = frozenset(models)
         self.tenants = frozenset(tenants)
-        self.registry = r = process_registry()
-        request = REQUEST_LABELS
-        llm = ("tier", "model", "tenant")
+        self.registry = process_registry()
+        self._add_request_families()
+        self._add_tier_families()
+        self.queue_wait: Histogram | None = None  # the local tier's (add_local_metrics)
+        self._series: dict[tuple[str, str, grpc.StatusCode], _Series] = {}
+        self._decided: dict[tuple[str, str], Counter] = {}
+        self._waits: dict[tuple[str, str], Histogram] = {}
+        self._scraped(
+            "meridian_child_healthy",
+            "1 while direct evidence says the child is up, else 0.",
+            ("tier", "child"),
+            self._child_health,
+        )
+        if summaries:
+            self._add_summary_families()
+
+    def _add_request_families(self) -> None:
+        """Per request: count, latency, LLM latencies and tokens."""
+        r, request, llm = self.registry, REQUEST_LABELS, ("tier", "model", "tenant")
         self.requests = Counter(
             "meridian_requests",
             "Inference requests answered by this tier (a ModelInfer "
@@ -152,6 +168,10 @@ class TierMetrics:
             llm,
             registry=r,
         )
+
+    def _add_tier_families(self) -> None:
+        """What the tier did about requests: retries, sheds, decisions."""
+        r = self.registry
         self.retries = Counter(
             "meridian_retries",
             "Retries to another live child that took a slot of the retry "
@@ -171,18 +191,6 @@ class TierMetrics:
             ("tier", "model", "reason"),
             registry=r,
         )
-        self.queue_wait: Histogram | None = None  # the local tier's (add_local_metrics)
-        self._series: dict[tuple[str, str, grpc.StatusCode], _Series] = {}
-        self._decided: dict[tuple[str, str], Counter] = {}
-        self._waits: dict[tuple[str, str], Histogram] = {}
-        self._scraped(
-            "meridian_child_healthy",
-            "1 while direct evidence says the child is up, else 0.",
-            ("tier", "child"),
-            self._child_health,
-        )
-        if summaries:
-            self._add_summary_families()
 
     def _scraped(
         self,

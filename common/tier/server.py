@@ -13,6 +13,7 @@ import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 from opentelemetry import trace
@@ -35,6 +36,7 @@ from common.request.peers import parent_only
 from common.request.proxy import InferenceProxy, TierSpec
 from common.request.server import V2Server
 from common.tenancy.admission import Admission
+from common.tenancy.shared_redis import QuotaRedis
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +57,10 @@ class Service(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+def _shared_up(shared: QuotaRedis) -> bool:
+    return not shared.degraded
 
 
 # How long a stopping tier keeps accepting after it said NOT_SERVING.
@@ -160,6 +166,12 @@ class TierServer:
             clients["capacity_publisher"] = self.publisher.redis_up
         if self.reader is not None:
             clients["capacity_reader"] = self.reader.redis_up
+        # The edge's tenant limits, on the Redis they share (down: limited in process).
+        gate = self.admission
+        if gate is not None and gate.limiter is not None:
+            clients["quota"] = partial(_shared_up, gate.limiter.shared)
+        if gate is not None and gate.concurrency is not None:
+            clients["concurrency"] = partial(_shared_up, gate.concurrency.shared)
         return clients
 
     def _v2_server(self, tracing: TierTracing) -> V2Server:
