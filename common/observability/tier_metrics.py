@@ -34,6 +34,7 @@ request costs one dict lookup plus the library's increments.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass
 
@@ -43,6 +44,7 @@ from prometheus_client import Counter, Histogram
 from common.observability.metrics import (
     LLM_BUCKETS,
     TOKEN_BUCKETS,
+    ExemplarMarks,
     Reading,
     ScrapeTimeFamily,
     process_registry,
@@ -79,11 +81,8 @@ class _Series:
     tpot: Histogram
     prompt_tokens: Counter
     generation_tokens: Counter
-
-
-def _exemplar(call: CallRecord) -> dict[str, str] | None:
-    trace_id = call.trace_id
-    return {"trace_id": trace_id} if trace_id else None
+    duration_marks: ExemplarMarks
+    ttft_marks: ExemplarMarks
 
 
 class TierMetrics:
@@ -97,8 +96,10 @@ class TierMetrics:
         models: Collection[str] = (),
         tenants: Collection[str] = (),
         summaries: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.tier = tier
+        self.clock = clock  # when buckets take exemplars (ExemplarMarks)
         self.children = children
         self.models = frozenset(models)
         self.tenants = frozenset(tenants)
@@ -268,6 +269,8 @@ class TierMetrics:
                 self.tpot.labels(t, model, tenant),
                 self.prompt_tokens.labels(t, model, tenant),
                 self.generation_tokens.labels(t, model, tenant),
+                ExemplarMarks(LLM_BUCKETS),
+                ExemplarMarks(LLM_BUCKETS),
             )
         return series
 
@@ -276,11 +279,13 @@ class TierMetrics:
         code, elapsed = call.code, call.elapsed_s
         series = self._series_of(self.model_label(call.model), tenant, code)
         series.requests.inc()
-        exemplar = _exemplar(call)
-        series.duration.observe(elapsed, exemplar)
+        now = self.clock()
+        marks = series.duration_marks
+        series.duration.observe(elapsed, marks.exemplar(LLM_BUCKETS, elapsed, now, call))
         first = call.first_response_s
         if first is not None:
-            series.ttft.observe(first, exemplar)
+            marks = series.ttft_marks
+            series.ttft.observe(first, marks.exemplar(LLM_BUCKETS, first, now, call))
             series.prompt_tokens.inc(call.prompt_tokens)
             series.generation_tokens.inc(call.completion_tokens)
             if call.streamed and code is grpc.StatusCode.OK and call.completion_tokens > 1:

@@ -211,3 +211,38 @@ def test_capacity_report_age_is_nan_until_one_arrives_and_fresh_within_ttl() -> 
 def test_a_tier_without_summaries_has_no_capacity_report_families() -> None:
     names = {name for name, _, _ in parse(plain(metrics(summaries=False).registry))}
     assert not any("capacity_report" in n for n in names)
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def exemplars(m: TierMetrics) -> dict[str, str]:
+    """Each duration bucket's exemplar trace id, by its bound."""
+    [family] = m.duration.collect()
+    return {s.labels["le"]: s.exemplar.labels["trace_id"] for s in family.samples if s.exemplar}
+
+
+def traced(trace_id: str, elapsed: float) -> CallRecord:
+    call = record(elapsed=elapsed)
+    assert call.hints is not None
+    parent = ("traceparent", f"00-{trace_id}-00f067aa0ba902b7-01")
+    call.hints = RouteHints(None, None, None, Priority.STANDARD, 1, (parent,), tenant="acme")
+    return call
+
+
+def test_a_latency_bucket_takes_an_exemplar_at_most_once_a_second() -> None:
+    clock = Clock()
+    m = TierMetrics("global", children(), models={MODEL}, tenants={"acme"}, clock=clock)
+    a, b, c, d = (f"{i:032x}" for i in (0xA, 0xB, 0xC, 0xD))
+    m.call_ended(traced(a, 0.2))
+    m.call_ended(traced(b, 0.2))  # same bucket, same second: keeps a's
+    m.call_ended(traced(c, 20.0))  # another bucket: its own
+    assert exemplars(m) == {"0.25": a, "30.0": c}
+    clock.now += 1.0
+    m.call_ended(traced(d, 0.2))
+    assert exemplars(m) == {"0.25": d, "30.0": c}
