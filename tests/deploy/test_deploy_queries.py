@@ -24,6 +24,7 @@ ROOT = Path(__file__).resolve().parents[2]
 DASHBOARD = ROOT / "deploy" / "grafana" / "meridian.json"
 ALERTS = ROOT / "deploy" / "prometheus" / "alerts.yml"
 SCRAPE_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+ALERT_TESTS = ROOT / "deploy" / "prometheus" / "alerts_test.yml"
 
 # A metric in a PromQL expression, with its matchers if it has any.
 METRIC = re.compile(
@@ -79,6 +80,13 @@ def test_alert_rules_pass_promtool() -> None:
     done = promtool("check", "rules", str(ALERTS))
     assert done.returncode == 0, done.stdout + done.stderr
     assert "SUCCESS" in done.stdout
+
+
+def test_the_alerts_fire_when_their_failure_happens() -> None:
+    """promtool's rule unit tests (alerts_test.yml): region down, stale summaries, Redis
+    unreachable, shedding, ejections fire on series shaped like a tier's, and not before."""
+    done = promtool("test", "rules", str(ALERT_TESTS))
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def test_the_example_scrape_config_passes_promtool() -> None:
