@@ -110,7 +110,7 @@ class TierMetrics:
         self._series: dict[tuple[str, str, grpc.StatusCode], _Series] = {}
         self._decided: dict[tuple[str, str], Counter] = {}
         self._waits: dict[tuple[str, str], Histogram] = {}
-        self._scraped(
+        self.scraped(
             "meridian_child_healthy",
             "1 while direct evidence says the child is up, else 0.",
             ("tier", "child"),
@@ -193,7 +193,7 @@ class TierMetrics:
             registry=r,
         )
 
-    def _scraped(
+    def scraped(
         self,
         name: str,
         help_text: str,
@@ -201,17 +201,18 @@ class TierMetrics:
         read: Callable[[], Iterable[Reading]],
         kind: str = "gauge",
     ) -> None:
+        """Add a family whose samples ``read()`` gives at scrape time."""
         self.registry.register(ScrapeTimeFamily(name, help_text, labels, read, kind=kind))
 
     def _add_summary_families(self) -> None:
         labels = ("tier", "child")
-        self._scraped(
+        self.scraped(
             "meridian_child_capacity_report_age_seconds",
             "Age of the child's newest capacity summary; NaN when none arrived.",
             labels,
             self._summary_ages,
         )
-        self._scraped(
+        self.scraped(
             "meridian_child_capacity_report_fresh",
             "1 while the child's newest "
             "capacity summary is within its TTL (else the child is routed to on "
@@ -219,7 +220,7 @@ class TierMetrics:
             labels,
             self._summary_fresh,
         )
-        self._scraped(
+        self.scraped(
             "meridian_capacity_report_ttl_seconds",
             "Age past which a capacity summary counts as unknown.",
             ("tier",),
@@ -240,16 +241,6 @@ class TierMetrics:
         now, ttl = self.children.clock(), self.children.summary_ttl_s
         for child in self.children:
             yield (self.tier, child.name), 0.0 if child.fresh_summary(now, ttl) is None else 1.0
-
-    def watch_redis(self, clients: dict[str, Callable[[], bool]]) -> None:
-        """``meridian_redis_up``: each Redis client of the tier (by role), 1 while its
-        last Redis call succeeded."""
-        self._scraped(
-            "meridian_redis_up",
-            "1 while this Redis client's last call succeeded, 0 while it reconnects.",
-            ("tier", "client"),
-            lambda: [((self.tier, k), float(up())) for k, up in clients.items()],
-        )
 
     def model_label(self, model: str) -> str:
         return model if model in self.models else UNKNOWN_LABEL
@@ -376,13 +367,13 @@ def add_local_metrics(
         registry=metrics.registry,
         buckets=LLM_BUCKETS,
     )
-    metrics._scraped(
+    metrics.scraped(
         "meridian_queue_depth",
         "Requests waiting in the local tier's central queue, by priority.",
         ("tier", "priority"),
         lambda: (((tier, p), float(n)) for p, n in depth_by_priority().items()),
     )
-    metrics._scraped(
+    metrics.scraped(
         "meridian_ejections",
         "GPUs ejected by outlier detection since the process started.",
         ("tier",),

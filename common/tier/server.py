@@ -24,6 +24,7 @@ from common.config.liveness import Keepalive
 from common.config.node import Endpoint
 from common.config.tls import TierTls, tier_server_credentials
 from common.observability.decisions import DecisionCounter
+from common.observability.dependency_metrics import add_redis_metrics, add_usage_metrics
 from common.observability.tier_metrics import CountingRetryBudget, TierMetrics
 from common.observability.tracing import Telemetry, TierTracing
 from common.operations.admin import ADMIN_SERVICE, AdminService
@@ -116,7 +117,9 @@ class TierServer:
         )
         for add in self.ops_additions.metrics:
             add(self.metrics)
-        self.metrics.watch_redis(self._redis_clients())
+        add_redis_metrics(self.metrics, self._redis_clients())
+        if self.admission is not None and self.admission.usage is not None:
+            add_usage_metrics(self.metrics, self.admission.usage)
         tracing = TierTracing(
             self.telemetry.tracer if self.telemetry is not None else trace.NoOpTracer(),
             self.spec.tier,

@@ -13,6 +13,7 @@ from common.basics.vocabulary import Priority
 from common.config.node import Endpoint
 from common.gen.meridian.v1 import capacity_pb2
 from common.observability.decisions import DECISION_REASONS, decision_reason
+from common.observability.dependency_metrics import add_redis_metrics, add_usage_metrics
 from common.observability.metrics import counter_values, histogram_counts
 from common.observability.tier_metrics import (
     EjectionCounter,
@@ -52,11 +53,19 @@ PINNED: dict[str, tuple[str, frozenset[str]]] = {
     "meridian_child_capacity_report_fresh": ("gauge", frozenset({"tier", "child"})),
     "meridian_capacity_report_ttl_seconds": ("gauge", frozenset({"tier"})),
     "meridian_redis_up": ("gauge", frozenset({"tier", "client"})),
+    # The edge's usage records on their way to Redis.
+    "meridian_usage_records_written": ("counter", frozenset({"tier"})),
+    "meridian_usage_records_dropped": ("counter", frozenset({"tier"})),
+    "meridian_usage_records_pending": ("gauge", frozenset({"tier"})),
     # The local tier's own.
     "meridian_queue_wait_seconds": ("histogram", frozenset({"tier", "model", "tenant"})),
     "meridian_queue_depth": ("gauge", frozenset({"tier", "priority"})),
     "meridian_ejections": ("counter", frozenset({"tier"})),
 }
+
+
+class Usage:
+    written, dropped, pending = 7, 0, 2
 
 
 def children() -> ChildSet:
@@ -110,7 +119,8 @@ def families(m: TierMetrics) -> dict[str, tuple[str, frozenset[str]]]:
 def test_metric_names_and_label_sets_are_pinned() -> None:
     m = metrics()
     add_local_metrics(m, lambda: {"standard": 2}, EjectionCounter(frozenset))
-    m.watch_redis({"capacity_publisher": lambda: True})
+    add_redis_metrics(m, {"capacity_publisher": lambda: True})
+    add_usage_metrics(m, Usage())
     stream = record(STREAM_METHOD)
     m.call_ended(stream)
     m.call_ended(record(code=grpc.StatusCode.RESOURCE_EXHAUSTED, detail="tokens_per_min"))
