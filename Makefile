@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: up test proto lint bench browser clean
+.PHONY: up test proto lint bench browser promtool clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,15 @@ browser:
 		echo "chromium and chromedriver are installed"; \
 	else \
 		$(APT) update && $(APT) install -y --no-install-recommends chromium chromium-driver; \
+	fi
+
+# Debian's prometheus package for its promtool, with which tests check /metrics, the
+# alerting rules and the example scrape config (they skip, saying why, without it).
+promtool:
+	@if [ -x /usr/bin/promtool ]; then \
+		echo "promtool is installed"; \
+	else \
+		$(APT) update && $(APT) install -y --no-install-recommends prometheus; \
 	fi
 
 clean:

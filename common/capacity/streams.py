@@ -70,6 +70,11 @@ class CapacityPublisher:
         self._hints: dict[str, str] = {}
         self._poke = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._backoff = redis_backoff(f"publisher {self.stream}")
+
+    def redis_up(self) -> bool:
+        """False from a failed Redis call until one succeeds again (for metrics)."""
+        return not self._backoff.backoff.failing
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name=f"publish {self.stream}")
@@ -102,7 +107,7 @@ class CapacityPublisher:
         )
 
     async def _run(self) -> None:
-        backoff = redis_backoff(f"publisher {self.stream}")
+        backoff = self._backoff
         while True:
             try:
                 await self.publish_once()
@@ -137,6 +142,11 @@ class CapacityReader:
         self.deliver = deliver
         self.block_ms = block_ms
         self._task: asyncio.Task[None] | None = None
+        self._backoff = redis_backoff("capacity reader")
+
+    def redis_up(self) -> bool:
+        """False from a failed Redis call until one succeeds again (for metrics)."""
+        return not self._backoff.backoff.failing
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._run(), name="capacity reader")
@@ -175,7 +185,7 @@ class CapacityReader:
                 self._take(stream, fields)
 
     async def _run(self) -> None:
-        backoff = redis_backoff("capacity reader")
+        backoff = self._backoff
         last_ids: dict[str, bytes | str] = dict.fromkeys(self.streams, "0-0")
         caught_up = False
         while True:

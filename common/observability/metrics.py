@@ -1,263 +1,189 @@
-"""A small, dependency-free metrics registry rendering Prometheus text exposition 0.0.4.
+"""The metrics of one process, on ``prometheus_client``: its registry, families read at
+scrape time, exposition with content negotiation, and readers for the process itself.
 
-``Registry`` holds ``Counter``, ``Gauge`` and ``Histogram`` families, each with a
-fixed tuple of label names. ``family.labels(*values)`` returns the child for one
-label tuple (a dict lookup; created on first use), and an observation on a child is
-O(1): a float add, or for a histogram a bisect over the bucket bounds plus two adds.
-Buckets are stored non-cumulatively and summed at render time, so observing never
-touches more than one bucket. A ``CallbackGauge`` reads its samples at scrape time
-(queue depth, ejections, child health), so nothing has to be pushed on change.
+``process_registry()`` makes the one ``CollectorRegistry`` a tier process owns and
+passes explicitly (never the library's global default): the library's process,
+platform and GC collectors are registered on it, so ``process_cpu_seconds_total``,
+``process_resident_memory_bytes``, ``python_info`` and ``python_gc_*`` come with
+every tier. Request metrics are ``prometheus_client`` Counters and Histograms on
+that registry (``common.observability.tier_metrics``).
 
-Label cardinality is the caller's duty: every label value used here comes from a
-bounded set (tiers, configured models and tenants, status codes, children).
-The registry is an object a tier owns and passes explicitly; there is no global
-default registry.
+``ScrapeTimeFamily`` is a custom collector for values kept elsewhere (child health,
+capacity-report age, queue depth, ejections): ``read()`` is called at scrape time,
+so nothing is pushed on change and nothing is stored twice.
+
+``exposition(registry, accept)`` renders what the scraper asked for: OpenMetrics
+1.0 (with exemplars: the trace id of a latency observation) when its ``Accept``
+names ``application/openmetrics-text``, else the Prometheus text format 0.0.4
+(which has no exemplars).
+
+``ExemplarMarks`` decides when a latency bucket takes a trace id as exemplar (at
+most once a second per bucket: Prometheus keeps only the newest per scrape).
+
+``counter_values`` and ``histogram_counts`` read a family back inside the process
+(the dashboard's series, tests); they walk ``collect()``, the library's public view,
+so they cost a pass over the family and are not for the request path.
 """
 
 from __future__ import annotations
 
 import bisect
-import math
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Protocol
 
-CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+from prometheus_client import (
+    CollectorRegistry,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
+from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
+from prometheus_client.samples import Sample
 
 # Seconds: from a cached short answer (~5 ms) to a long generation (minutes).
 LLM_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# Seconds per output token: a fast decode (~1 ms) to a badly overloaded GPU (seconds).
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0, 2.5)
 
-Sample = tuple[str, tuple[tuple[str, str], ...], float]
+# A latency bucket takes a trace id as exemplar at most this often (ExemplarMarks).
+EXEMPLAR_EVERY_S = 1.0
 
-
-def escape_label(value: str) -> str:
-    """Escape a label value as the exposition format asks: backslash, quote, newline."""
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def format_value(value: float) -> str:
-    if math.isnan(value):
-        return "NaN"
-    if math.isinf(value):
-        return "+Inf" if value > 0 else "-Inf"
-    if value == int(value) and abs(value) < 1e15:
-        return str(int(value))
-    return repr(value)
+# (label values, value) of one sample of a scrape-time family.
+Reading = tuple[tuple[str, ...], float]
 
 
-def _labels_text(pairs: Iterable[tuple[str, str]]) -> str:
-    inner = ",".join(f'{k}="{escape_label(v)}"' for k, v in pairs)
-    return f"{{{inner}}}" if inner else ""
+def process_registry() -> CollectorRegistry:
+    """A fresh registry for one process, with the process, platform and GC collectors."""
+    registry = CollectorRegistry()
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    GCCollector(registry=registry)
+    return registry
 
 
-class _Family:
-    kind = "untyped"
+class ScrapeTimeFamily(Collector):
+    """A gauge or counter family whose samples ``read()`` gives at scrape time.
 
-    def __init__(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> None:
-        self.name = name
-        self.help = help_text
-        self.labelnames = tuple(labelnames)
-
-    def samples(self) -> Iterator[Sample]:
-        raise NotImplementedError
-
-    def render(self) -> Iterator[str]:
-        help_text = self.help.replace("\\", "\\\\").replace("\n", "\\n")
-        yield f"# HELP {self.name} {help_text}"
-        yield f"# TYPE {self.name} {self.kind}"
-        for name, pairs, value in self.samples():
-            yield f"{name}{_labels_text(pairs)} {format_value(value)}"
-
-    def _check(self, values: tuple[str, ...]) -> None:
-        if len(values) != len(self.labelnames):
-            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
-
-
-class _Value:
-    __slots__ = ("value",)
-
-    def __init__(self) -> None:
-        self.value = 0.0
-
-
-class CounterChild(_Value):
-    __slots__ = ()
-
-    def inc(self, amount: float = 1.0) -> None:
-        if amount < 0:
-            raise ValueError("a counter only goes up")
-        self.value += amount
-
-
-class GaugeChild(_Value):
-    __slots__ = ()
-
-    def set(self, value: float) -> None:
-        self.value = value
-
-    def inc(self, amount: float = 1.0) -> None:
-        self.value += amount
-
-
-class _ValueFamily(_Family):
-    child_type: type[_Value] = _Value
-
-    def __init__(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> None:
-        super().__init__(name, help_text, labelnames)
-        self._children: dict[tuple[str, ...], _Value] = {}
-
-    def _child(self, values: tuple[str, ...]) -> _Value:
-        child = self._children.get(values)
-        if child is None:
-            self._check(values)
-            child = self._children[values] = self.child_type()
-        return child
-
-    def items(self) -> list[tuple[tuple[str, ...], _Value]]:
-        """Each label tuple and its child, for readers inside the process."""
-        return list(self._children.items())
-
-    def samples(self) -> Iterator[Sample]:
-        for values, child in list(self._children.items()):
-            yield self.name, tuple(zip(self.labelnames, values, strict=True)), child.value
-
-
-class Counter(_ValueFamily):
-    kind = "counter"
-    child_type = CounterChild
-
-    def labels(self, *values: str) -> CounterChild:
-        child = self._child(values)
-        assert isinstance(child, CounterChild)
-        return child
-
-
-class Gauge(_ValueFamily):
-    kind = "gauge"
-    child_type = GaugeChild
-
-    def labels(self, *values: str) -> GaugeChild:
-        child = self._child(values)
-        assert isinstance(child, GaugeChild)
-        return child
-
-
-class CallbackGauge(_Family):
-    """A gauge whose samples ``read()`` returns at scrape time: (label values, value)."""
-
-    kind = "gauge"
+    ``kind`` is "gauge" or "counter" (a running total kept elsewhere; its name is
+    given without ``_total``, which the exposition adds). ``describe`` names the
+    family without reading it, so registering checks for duplicates and costs nothing.
+    """
 
     def __init__(
         self,
         name: str,
         help_text: str,
         labelnames: Sequence[str],
-        read: Callable[[], Iterable[tuple[tuple[str, ...], float]]],
+        read: Callable[[], Iterable[Reading]],
+        *,
+        kind: str = "gauge",
+        unit: str = "",
     ) -> None:
-        super().__init__(name, help_text, labelnames)
+        if kind not in ("gauge", "counter"):
+            raise ValueError(f"{name}: kind must be gauge or counter, got {kind!r}")
+        self.name = name
+        self.help = help_text
+        self.labelnames = tuple(labelnames)
         self.read = read
+        self.kind = kind
+        self.unit = unit
 
-    def samples(self) -> Iterator[Sample]:
+    def _family(self) -> GaugeMetricFamily | CounterMetricFamily:
+        make = GaugeMetricFamily if self.kind == "gauge" else CounterMetricFamily
+        return make(self.name, self.help, labels=self.labelnames, unit=self.unit)
+
+    def describe(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        yield self._family()
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        family = self._family()
         for values, value in self.read():
-            self._check(values)
-            yield self.name, tuple(zip(self.labelnames, values, strict=True)), value
+            if len(values) != len(self.labelnames):
+                raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values}")
+            family.add_metric(values, value)
+        yield family
 
 
-class CallbackCounter(CallbackGauge):
-    """A counter kept elsewhere (a running total), read at scrape time."""
+class Traced(Protocol):
+    """What has a trace id (``CallRecord``); empty when it is not traced."""
 
-    kind = "counter"
+    @property
+    def trace_id(self) -> str: ...
 
 
-class HistogramChild:
-    __slots__ = ("bounds", "count", "counts", "sum")
+class ExemplarMarks:
+    """When each bucket of one latency histogram child may take its next exemplar.
+
+    Prometheus keeps the newest exemplar of a bucket per scrape, and prometheus_client
+    pays some 2 µs to validate and stamp each one; so a bucket takes one at most every
+    ``EXEMPLAR_EVERY_S`` — every bucket, the rare slow ones too, still shows a recent
+    trace id, and most requests skip the cost (and the trace id's formatting).
+    """
+
+    __slots__ = ("due",)
 
     def __init__(self, bounds: tuple[float, ...]) -> None:
-        self.bounds = bounds
-        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
-        self.sum = 0.0
-        self.count = 0
+        self.due = [0.0] * (len(bounds) + 1)
 
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.bounds, value)] += 1
-        self.sum += value
-        self.count += 1
-
-
-class Histogram(_Family):
-    kind = "histogram"
-
-    def __init__(
-        self,
-        name: str,
-        help_text: str,
-        labelnames: Sequence[str] = (),
-        buckets: Sequence[float] = LLM_BUCKETS,
-    ) -> None:
-        super().__init__(name, help_text, labelnames)
-        if "le" in self.labelnames:
-            raise ValueError(f"{name}: 'le' is reserved for buckets")
-        bounds = tuple(sorted(float(b) for b in buckets if not math.isinf(b)))
-        if not bounds:
-            raise ValueError(f"{name}: at least one finite bucket is needed")
-        self.bounds = bounds
-        self._children: dict[tuple[str, ...], HistogramChild] = {}
-
-    def labels(self, *values: str) -> HistogramChild:
-        child = self._children.get(values)
-        if child is None:
-            self._check(values)
-            child = self._children[values] = HistogramChild(self.bounds)
-        return child
-
-    def items(self) -> list[tuple[tuple[str, ...], HistogramChild]]:
-        """Each label tuple and its child, for readers inside the process."""
-        return list(self._children.items())
-
-    def samples(self) -> Iterator[Sample]:
-        for values, child in list(self._children.items()):
-            pairs = tuple(zip(self.labelnames, values, strict=True))
-            running = 0
-            for bound, count in zip((*self.bounds, math.inf), child.counts, strict=True):
-                running += count
-                le = "+Inf" if math.isinf(bound) else format_value(bound)
-                yield f"{self.name}_bucket", (*pairs, ("le", le)), float(running)
-            yield f"{self.name}_sum", pairs, child.sum
-            yield f"{self.name}_count", pairs, float(child.count)
+    def exemplar(
+        self, bounds: tuple[float, ...], value: float, now: float, call: Traced
+    ) -> dict[str, str] | None:
+        i = bisect.bisect_left(bounds, value)  # the bucket prometheus_client counts it in
+        if now < self.due[i]:
+            return None
+        trace_id = call.trace_id
+        if not trace_id:
+            return None
+        self.due[i] = now + EXEMPLAR_EVERY_S
+        return {"trace_id": trace_id}
 
 
-class Registry:
-    """The metric families of one process, rendered in registration order."""
+def exposition(registry: CollectorRegistry, accept: str | None) -> tuple[bytes, str]:
+    """The registry rendered for a scraper's ``Accept`` header, and its content type."""
+    encode, content_type = choose_encoder(accept or "")
+    return encode(registry), content_type
 
-    def __init__(self) -> None:
-        self._families: dict[str, _Family] = {}
 
-    def register(self, family: _Family) -> None:
-        if family.name in self._families:
-            raise ValueError(f"metric {family.name!r} registered twice")
-        self._families[family.name] = family
+def _samples(family: MetricWrapperBase) -> Iterator[Sample]:
+    for metric in family.collect():
+        yield from metric.samples
 
-    def counter(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> Counter:
-        family = Counter(name, help_text, labelnames)
-        self.register(family)
-        return family
 
-    def gauge(self, name: str, help_text: str, labelnames: Sequence[str] = ()) -> Gauge:
-        family = Gauge(name, help_text, labelnames)
-        self.register(family)
-        return family
+def counter_values(
+    family: MetricWrapperBase, labelnames: Sequence[str]
+) -> dict[tuple[str, ...], float]:
+    """A counter's (or gauge's) values summed by ``labelnames`` (in that order), as
+    PromQL's ``sum by``; every label named gives each label tuple its own value."""
+    out: dict[tuple[str, ...], float] = {}
+    for sample in _samples(family):
+        if sample.name.endswith("_created"):
+            continue
+        key = tuple(sample.labels[k] for k in labelnames)
+        out[key] = out.get(key, 0.0) + sample.value
+    return out
 
-    def histogram(
-        self,
-        name: str,
-        help_text: str,
-        labelnames: Sequence[str] = (),
-        buckets: Sequence[float] = LLM_BUCKETS,
-    ) -> Histogram:
-        family = Histogram(name, help_text, labelnames, buckets)
-        self.register(family)
-        return family
 
-    def render(self) -> str:
-        lines: list[str] = []
-        for family in self._families.values():
-            lines.extend(family.render())
-        return "\n".join(lines) + "\n"
+def histogram_counts(
+    family: MetricWrapperBase, labelnames: Sequence[str]
+) -> dict[tuple[str, ...], list[float]]:
+    """A histogram's observations summed by ``labelnames``, counted per bucket (not
+    cumulatively: one entry per finite bound, then the +Inf bucket)."""
+    out: dict[tuple[str, ...], list[float]] = {}
+    for metric in family.collect():
+        runs: dict[tuple[tuple[str, str], ...], list[float]] = {}
+        for sample in metric.samples:
+            if sample.name.endswith("_bucket"):
+                series = tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le"))
+                runs.setdefault(series, []).append(sample.value)
+        for series, run in runs.items():
+            labels = dict(series)
+            key = tuple(labels[k] for k in labelnames)
+            counts = [c - p for c, p in zip(run, [0.0, *run[:-1]], strict=True)]
+            total = out.get(key)
+            out[key] = (
+                counts if total is None else [a + b for a, b in zip(total, counts, strict=True)]
+            )
+    return out

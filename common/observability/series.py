@@ -1,7 +1,9 @@
 """Request rate and latency over the last minutes: a ring of per-second samples.
 
 ``RequestSeries`` reads a tier's own metric families (``TierMetrics.requests`` and
-``.duration``) once a second and keeps the difference from the previous read:
+``.duration``, prometheus_client families on the tier's registry, read through
+``metrics.counter_values`` and ``histogram_counts``) once a second and keeps the
+difference from the previous read:
 calls answered, calls that failed, and latency quantiles of the successful ones,
 estimated from the histogram's bucket counts the way Prometheus'
 ``histogram_quantile`` does (linear inside a bucket). Reading the counters
@@ -21,7 +23,9 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 
-from common.observability.metrics import Counter, Histogram
+from prometheus_client import Counter, Histogram
+
+from common.observability.metrics import LLM_BUCKETS, counter_values, histogram_counts
 
 SERIES_POINTS = 300
 QUANTILES = (0.5, 0.9, 0.99)
@@ -78,12 +82,15 @@ class RequestSeries:
         requests: Counter,
         duration: Histogram,
         *,
+        bounds: Sequence[float] = LLM_BUCKETS,
         capacity: int = SERIES_POINTS,
         clock: Callable[[], float] = time.monotonic,
         wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self.requests = requests
         self.duration = duration
+        # The histogram's finite bucket bounds (its families do not say until observed).
+        self.bounds = tuple(bounds)
         self.clock = clock
         self.wall_clock = wall_clock
         self.points: deque[SeriesPoint] = deque(maxlen=capacity)
@@ -91,18 +98,11 @@ class RequestSeries:
         self._last_t = 0.0
 
     def _totals(self) -> _Totals:
-        requests = errors = 0.0
-        for values, child in self.requests.items():
-            requests += child.value
-            if values[self.requests.labelnames.index("status")] != "OK":
-                errors += child.value
-        ok = [0.0] * (len(self.duration.bounds) + 1)
-        status = self.duration.labelnames.index("status")
-        for values, hist in self.duration.items():
-            if values[status] == "OK":
-                for i, count in enumerate(hist.counts):
-                    ok[i] += count
-        return _Totals(requests, errors, ok)
+        by_status = counter_values(self.requests, ("status",))
+        requests = sum(by_status.values())
+        errors = requests - by_status.get(("OK",), 0.0)
+        ok = histogram_counts(self.duration, ("status",)).get(("OK",))
+        return _Totals(requests, errors, ok or [0.0] * (len(self.bounds) + 1))
 
     def sample(self) -> SeriesPoint | None:
         """Take one point: what changed since the previous call (None on the first)."""
@@ -113,7 +113,7 @@ class RequestSeries:
         if last is None or elapsed <= 0:
             return None
         delta = [a - b for a, b in zip(totals.ok_counts, last.ok_counts, strict=True)]
-        quantiles = [bucket_quantile(q, self.duration.bounds, delta) for q in QUANTILES]
+        quantiles = [bucket_quantile(q, self.bounds, delta) for q in QUANTILES]
         p50, p90, p99 = (None if v is None else round(v * 1000, 2) for v in quantiles)
         point = SeriesPoint(
             t=round(self.wall_clock(), 3),

@@ -6,7 +6,9 @@
 * ``/readyz``: 200 while some child is healthy (``children.any_healthy()``), else 503
   (also 503 once the tier has begun to stop);
 * ``/api/state``: JSON view of the tier and its children;
-* ``/metrics``: Prometheus text exposition 0.0.4;
+* ``/metrics``: the tier's registry in the Prometheus text format 0.0.4, or in
+  OpenMetrics 1.0 (with the trace ids of latency observations as exemplars) when
+  the scraper's ``Accept`` asks for ``application/openmetrics-text``;
 * ``/api/traces``: this tier's recent traces (``?limit=N``, ``?ids=a,b`` for given ones);
 * ``/api/series``: requests per second and latency per second, last five minutes
   (``common.observability.series``).
@@ -30,9 +32,7 @@ from opentelemetry.sdk.trace import ReadableSpan
 
 from common.basics.ticker import Ticker
 from common.config.node import Endpoint
-from common.observability.metrics import (
-    CONTENT_TYPE,
-)
+from common.observability.metrics import exposition
 from common.observability.series import RequestSeries
 from common.observability.tier_metrics import TierMetrics
 from common.observability.tracing import RecentSpans
@@ -250,8 +250,8 @@ class OpsServer:
         )
 
     async def _metrics(self, request: web.Request) -> web.Response:
-        return web.Response(
-            body=self.metrics.registry.render().encode(), headers={"Content-Type": CONTENT_TYPE}
-        )
+        """The registry in the format the scraper's ``Accept`` asks for."""
+        body, content_type = exposition(self.metrics.registry, request.headers.get("Accept"))
+        return web.Response(body=body, headers={"Content-Type": content_type})
 
 

@@ -64,8 +64,12 @@ class CallRecord:
     # Tokens the edge's tokens_per_min quota took at admission (prompt words +
     # max_tokens; 0: none), settled against the counts above when the call ends.
     tokens_charged: int = 0
-    # Seconds from ``started`` to the first response sent back (None: none was sent).
+    # Seconds from ``started`` to the first response sent back (None: none was sent):
+    # a unary call's answer, a stream request's first response carrying output.
     first_response_s: float | None = None
+    # A stream's request that asked for token streaming (its responses come token by
+    # token, so the time per output token can be measured).
+    streamed: bool = False
     # The tier's server span (the tracing observer's); decisions and attempts nest under it.
     span: Span = trace.INVALID_SPAN
     code: grpc.StatusCode = grpc.StatusCode.UNKNOWN
@@ -210,7 +214,10 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
             observer.call_started(call)
         failure: BaseException | None = None
         try:
-            return await handling
+            response = await handling
+            if method != STREAM_METHOD:  # the answer goes back now: the first response
+                call.first_response_s = call.elapsed_s
+            return response
         except BaseException as exc:
             failure = exc
             raise

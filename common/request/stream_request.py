@@ -24,6 +24,7 @@ streamed, or its ``max_tokens`` when it asked for ``stream: false``.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -64,6 +65,8 @@ class StreamRequestAttempt:
     error: str = ""
     # What the GPU reported of the request's tokens in the responses so far.
     count: TokenCount = field(default_factory=TokenCount)
+    # When (monotonic) the first response carrying output was written back.
+    first_response_at: float | None = None
 
     async def send(
         self, child: Child, metadata: Metadata, timeout: float | None
@@ -84,6 +87,8 @@ class StreamRequestAttempt:
                     if len(response.infer_response.outputs):
                         self.tokens += 1
                 await self.write(response)
+                if self.first_response_at is None and self.tokens:
+                    self.first_response_at = time.monotonic()
             return None, await call.trailing_metadata()
         finally:
             # Abandoned (the stream ended, a write timed out): the child, and the GPU
@@ -161,8 +166,12 @@ class StreamRequest:
 
     def report(self) -> None:
         """Hand the finished request's record to the stream's observers."""
-        self.attempt.count.fill(self.record, completion_estimate=self.completion_tokens())
-        self.stream.request_ended(self.record)
+        record = self.record
+        self.attempt.count.fill(record, completion_estimate=self.completion_tokens())
+        record.streamed = wants_stream(self.request)
+        if self.attempt.first_response_at is not None:
+            record.first_response_s = self.attempt.first_response_at - record.started
+        self.stream.request_ended(record)
 
 
 async def serve_request(

@@ -11,7 +11,9 @@ import asyncio
 import logging
 import os
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Protocol
 
 from opentelemetry import trace
@@ -21,6 +23,8 @@ from common.config.access import Limits
 from common.config.liveness import Keepalive
 from common.config.node import Endpoint
 from common.config.tls import TierTls, tier_server_credentials
+from common.observability.decisions import DecisionCounter
+from common.observability.dependency_metrics import add_redis_metrics, add_usage_metrics
 from common.observability.logs import ShedLog
 from common.observability.tier_metrics import CountingRetryBudget, TierMetrics
 from common.observability.tracing import Telemetry, TierTracing
@@ -34,6 +38,7 @@ from common.request.peers import parent_only
 from common.request.proxy import InferenceProxy, TierSpec
 from common.request.server import V2Server
 from common.tenancy.admission import Admission
+from common.tenancy.shared_redis import QuotaRedis
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +59,10 @@ class Service(Protocol):
     async def start(self) -> None: ...
 
     async def stop(self) -> None: ...
+
+
+def _shared_up(shared: QuotaRedis) -> bool:
+    return not shared.degraded
 
 
 # How long a stopping tier keeps accepting after it said NOT_SERVING.
@@ -105,16 +114,20 @@ class TierServer:
             self.children,
             models=frozenset(m for c in self.children for m in c.models),
             tenants=self.tenants,
+            summaries=self.reader is not None,  # children that publish capacity summaries
         )
         for add in self.ops_additions.metrics:
             add(self.metrics)
+        add_redis_metrics(self.metrics, self._redis_clients())
+        if self.admission is not None and self.admission.usage is not None:
+            add_usage_metrics(self.metrics, self.admission.usage)
         tracing = TierTracing(
             self.telemetry.tracer if self.telemetry is not None else trace.NoOpTracer(),
             self.spec.tier,
         )
         self.forwarder = Forwarder(
             self.policy,
-            self.balancer,
+            DecisionCounter(self.balancer, self.metrics.decided),
             budget=CountingRetryBudget(self.metrics.retries.labels(self.spec.tier)),
             tracing=tracing if tracing.enabled else None,
             hint_source=self.publisher.latest_hint if self.publisher is not None else no_hint,
@@ -149,6 +162,21 @@ class TierServer:
         # A child came or left, or a reload changed a kept child's models: a model
         # nobody serves any more is NOT_FOUND again, a new one is served.
         self.children.add_listener(self._children_changed)
+
+    def _redis_clients(self) -> dict[str, Callable[[], bool]]:
+        """Whether each of the tier's Redis clients is connected, for ``meridian_redis_up``."""
+        clients: dict[str, Callable[[], bool]] = {}
+        if self.publisher is not None:
+            clients["capacity_publisher"] = self.publisher.redis_up
+        if self.reader is not None:
+            clients["capacity_reader"] = self.reader.redis_up
+        # The edge's tenant limits, on the Redis they share (down: limited in process).
+        gate = self.admission
+        if gate is not None and gate.limiter is not None:
+            clients["quota"] = partial(_shared_up, gate.limiter.shared)
+        if gate is not None and gate.concurrency is not None:
+            clients["concurrency"] = partial(_shared_up, gate.concurrency.shared)
+        return clients
 
     def _v2_server(self, tracing: TierTracing) -> V2Server:
         """The gRPC server, its calls observed by tracing, metrics and (at the edge) usage."""

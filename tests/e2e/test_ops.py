@@ -94,7 +94,7 @@ def test_ops_endpoints_on_every_tier(fleet_factory: Callable[[dict[str, Any]], F
         v
         for n, labels, v in samples
         if n == "meridian_request_duration_seconds_count"
-        and labels == {"tier": "global", "model": "demo-llm", "status": "OK"}
+        and labels == {"tier": "global", "model": "demo-llm", "status": "OK", "tenant": "-"}
     ]
     assert ok == [6.0]
     health = {labels["child"]: v for n, labels, v in samples if n == "meridian_child_healthy"}

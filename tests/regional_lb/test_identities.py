@@ -29,6 +29,8 @@ from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
+from common.observability.metrics import counter_values
+from common.observability.tier_metrics import REQUEST_LABELS
 from common.request.routing import ROUTE, TENANT
 from common.request.v2 import generate_request
 from common.tenancy.auth import hash_key
@@ -114,7 +116,7 @@ async def serving(*tiers: TierServer) -> None:
 
 
 def counted(tier: TierServer) -> dict[tuple[str, ...], float]:
-    return {labels: child.value for labels, child in tier.metrics.requests.items()}
+    return counter_values(tier.metrics.requests, REQUEST_LABELS)
 
 
 async def counted_soon(tier: TierServer, expected: dict[tuple[str, ...], float]) -> None:

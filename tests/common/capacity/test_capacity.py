@@ -157,12 +157,14 @@ async def test_redis_restart_resumes_summaries() -> None:
     reader.start()
     try:
         await _until(lambda: len(received) >= 2)
+        assert publisher.redis_up() and reader.redis_up()  # meridian_redis_up reads these
         server.stop()
-        await asyncio.sleep(0.5)
+        await _until(lambda: not publisher.redis_up() and not reader.redis_up())
         before = len(received)
         server.start()
         await _until(lambda: len(received) >= before + 3, timeout_s=10)
         assert received[-1] > received[before - 1]
+        await _until(lambda: publisher.redis_up() and reader.redis_up())
     finally:
         await publisher.stop()
         await reader.stop()

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
+from prometheus_client import CollectorRegistry, Counter, Histogram
 
-from common.observability.metrics import Counter, Histogram, Registry
 from common.observability.series import RequestSeries, bucket_quantile
 
 BOUNDS = (0.01, 0.1, 1.0)
@@ -43,16 +43,16 @@ class Clock:
 
 
 def families() -> tuple[Counter, Histogram]:
-    registry = Registry()
-    requests = registry.counter("r", "", ("tier", "model", "status", "tenant"))
-    duration = registry.histogram("d", "", ("tier", "model", "status"), buckets=BOUNDS)
+    registry = CollectorRegistry()
+    requests = Counter("r", "", ("tier", "model", "status", "tenant"), registry=registry)
+    duration = Histogram("d", "", ("tier", "model", "status"), registry=registry, buckets=BOUNDS)
     return requests, duration
 
 
 def test_a_point_is_the_change_over_the_last_second() -> None:
     requests, duration = families()
     clock = Clock()
-    series = RequestSeries(requests, duration, clock=clock, wall_clock=Clock(1.7e9))
+    series = RequestSeries(requests, duration, bounds=BOUNDS, clock=clock, wall_clock=Clock(1.7e9))
     requests.labels("global", "m", "OK", "-").inc(5)
     assert series.sample() is None  # the first read is only a baseline
 
@@ -87,7 +87,7 @@ def test_a_point_is_the_change_over_the_last_second() -> None:
 def test_rates_use_the_monotonic_clock_and_t_the_wall_clock() -> None:
     requests, duration = families()
     clock, wall = Clock(), Clock(1.7e9)
-    series = RequestSeries(requests, duration, clock=clock, wall_clock=wall)
+    series = RequestSeries(requests, duration, bounds=BOUNDS, clock=clock, wall_clock=wall)
     series.sample()
     clock.now += 1.0
     wall.now -= 3600.0  # the wall clock is stepped back an hour meanwhile

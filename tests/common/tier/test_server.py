@@ -14,6 +14,8 @@ from common.config.access import AuthConfig, TenantConfig
 from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.observability import tracing as tm
+from common.observability.metrics import counter_values
+from common.observability.tier_metrics import REQUEST_LABELS, STREAM_LABELS
 from common.request.balancer import RankingBalancer
 from common.request.children import Child, ChildSet
 from common.request.forwarding import ForwardingPolicy
@@ -81,7 +83,7 @@ async def edge(redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> 
 
 
 def requests_counted(tier: TierServer) -> dict[tuple[str, ...], float]:
-    return {labels: child.value for labels, child in tier.metrics.requests.items()}
+    return counter_values(tier.metrics.requests, REQUEST_LABELS)
 
 
 async def test_the_edge_counts_traces_and_bills_the_authenticated_tenant(
@@ -135,7 +137,7 @@ async def test_the_edge_counts_and_bills_each_request_of_a_stream(
     texts = [response_text(r.infer_response) async for r in call]
     assert texts == ["us-east", "us-east"]
     assert requests_counted(edge.tier) == {("global", MODEL, "OK", "acme"): 2.0}
-    streams = {labels: c.value for labels, c in edge.tier.metrics.streams.items()}
+    streams = counter_values(edge.tier.metrics.streams, STREAM_LABELS)
     assert streams == {("global", "OK", "acme"): 1.0}
     assert edge.telemetry.recent is not None
     [server_span] = [s for s in edge.telemetry.recent.spans() if s.name == "ModelStreamInfer"]
