@@ -43,13 +43,20 @@ browser:
 		$(APT) update && $(APT) install -y --no-install-recommends chromium chromium-driver; \
 	fi
 
-# Debian's prometheus package for its promtool, with which tests check /metrics, the
-# alerting rules and the example scrape config (they skip, saying why, without it).
+# promtool, from Debian's prometheus package, with which tests check /metrics, the alerting
+# rules and the example scrape config (they skip, saying why, without it). Only the binary is
+# unpacked to /usr/local/bin: installing the package would also start a Prometheus server
+# listening on every interface wherever systemd runs.
+PROMTOOL_TMP := /tmp/meridian-promtool
 promtool:
-	@if [ -x /usr/bin/promtool ]; then \
+	@if command -v promtool >/dev/null; then \
 		echo "promtool is installed"; \
 	else \
-		$(APT) update && $(APT) install -y --no-install-recommends prometheus; \
+		$(APT) update && rm -rf $(PROMTOOL_TMP) && mkdir -p $(PROMTOOL_TMP) && \
+		cd $(PROMTOOL_TMP) && chmod 777 . && apt-get download prometheus && \
+		dpkg-deb -x prometheus_*.deb root && \
+		$(SUDO) install -m 0755 root/usr/bin/promtool /usr/local/bin/promtool && \
+		rm -rf $(PROMTOOL_TMP); \
 	fi
 
 clean:
