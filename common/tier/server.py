@@ -107,9 +107,10 @@ class TierServer:
         )
         for add in self.ops_additions.metrics:
             add(self.metrics)
-        tracing = TierTracing(
-            self.telemetry.tracer if self.telemetry is not None else trace.NoOpTracer(),
-            self.spec.tier,
+        self.tracing = tracing = (
+            TierTracing(trace.NoOpTracer(), self.spec.tier)
+            if self.telemetry is None
+            else TierTracing(self.telemetry.tracer, self.spec.tier, self.telemetry.propagator)
         )
         self.forwarder = Forwarder(
             self.policy,
@@ -199,6 +200,7 @@ class TierServer:
         for service in self.services:
             await service.start()
         await self.server.start()
+        self.tracing.serve_at(self.endpoint.host, self.server.port)
         if self.ops_server is not None:
             await self.ops_server.start()
         self._ready = self.children.any_healthy()
