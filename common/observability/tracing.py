@@ -31,7 +31,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -166,14 +166,13 @@ def setup_tracing(
     service_name: str,
     *,
     capacity: int = RECENT_SPANS,
-    env: Mapping[str, str] | None = None,
     out: TextIO | None = None,
 ) -> Telemetry:
     """A ``Telemetry`` for one service, configured from the OTel env vars (read once, here
     and by the SDK objects built here; never on the request path). ``out`` is where the
     console exporter writes (standard output by default). A variable with a value
     Meridian does not know raises ConfigError naming it."""
-    env = os.environ if env is None else env
+    env = os.environ
     settings: TraceSettings = trace_settings(env)
     if settings.disabled:
         return Telemetry(trace.NoOpTracer())
