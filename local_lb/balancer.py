@@ -282,6 +282,7 @@ class LocalBalancer:
             estimated_s=gpu_completion_s(gpu, work, shared),
             expected_s=attempt_expected_s(gpu, work, ahead),
             policy=self.policy_name,
+            cached_blocks=cached,
         )
 
     # ------------------------------------------------------------------ completion side

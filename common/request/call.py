@@ -58,6 +58,8 @@ class CallRecord:
     route: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The request's max_tokens (a stream's own record: 0, its requests have their own).
+    max_tokens: int = 0
     # True once the GPU server's own counts replaced the estimates above (the
     # estimate is prompt words and max_tokens until the answer says otherwise).
     tokens_reported: bool = False

@@ -153,7 +153,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             hints = call.hints = self.hints(context)
             gen = parse_generate(request, self.limits)
             pick = self.pick_request(gen.model, gen.version, hints, gen)
-            call.prompt_tokens = pick.prompt_tokens
+            call.prompt_tokens, call.max_tokens = pick.prompt_tokens, pick.max_tokens
             release = await self.gate.admit(hints, pick, call)
             try:
                 attempt: UnaryAttempt[pb.ModelInferResponse] = UnaryAttempt("ModelInfer", request)

@@ -141,7 +141,7 @@ class StreamRequest:
         record.model = self.request.model_name
         gen = self.path.parse(self.request)
         self.pick = pick = self.path.pick(gen)
-        record.prompt_tokens = pick.prompt_tokens
+        record.prompt_tokens, record.max_tokens = pick.prompt_tokens, pick.max_tokens
         release = await self.path.admit(pick, record)
         try:
             _, record.route = await self.path.forward(self.attempt, pick)

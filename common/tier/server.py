@@ -121,9 +121,10 @@ class TierServer:
         add_redis_metrics(self.metrics, self._redis_clients())
         if self.admission is not None and self.admission.usage is not None:
             add_usage_metrics(self.metrics, self.admission.usage)
-        tracing = TierTracing(
-            self.telemetry.tracer if self.telemetry is not None else trace.NoOpTracer(),
-            self.spec.tier,
+        self.tracing = tracing = (
+            TierTracing(trace.NoOpTracer(), self.spec.tier)
+            if self.telemetry is None
+            else TierTracing(self.telemetry.tracer, self.spec.tier, self.telemetry.propagator)
         )
         self.forwarder = Forwarder(
             self.policy,
@@ -230,6 +231,7 @@ class TierServer:
         for service in self.services:
             await service.start()
         await self.server.start()
+        self.tracing.serve_at(self.endpoint.host, self.server.port)
         if self.ops_server is not None:
             await self.ops_server.start()
         self._ready = self.children.any_healthy()
