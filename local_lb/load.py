@@ -6,7 +6,8 @@ the proxy also feeds from the ``x-meridian-load`` trailer) and checks its
 health through ``common.request.health.HealthChecker`` (grpc.health.v1 plus V2
 ModelReady; V2 ServerReady instead for a GPU without grpc.health.v1), handing
 every ``GpuCheck`` to a callback; the caller decides what it means
-(``local_lb.readiness``: a check that timed out is slowness, not a verdict). Its channels run the GPU keepalive, like the ones requests take.
+(``local_lb.readiness``: a check that timed out is slowness, not a verdict). Its
+channels run the GPU keepalive, like the ones requests take.
 """
 
 from __future__ import annotations
