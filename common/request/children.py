@@ -2,9 +2,8 @@
 
 Every tier routes over a ``ChildSet``. It owns one gRPC channel per child, with
 keepalive (a hung child's calls fail UNAVAILABLE and its Watch breaks within
-``time_s + timeout_s``), follows each child's grpc.health.v1 Watch (or polls its
-ServerReady when it has none; re-probing ServerReady while a child is down; all
-through ``common.request.health``), and
+``time_s + timeout_s``), follows each child's grpc.health.v1 Watch (or ServerReady
+without one; re-probed while a child is down; ``common.request.health``), and
 takes capacity summaries from the Redis reader. Pickers read ``Child`` state;
 only this module and the proxy core write it.
 """
@@ -75,6 +74,8 @@ class Child:
     channel: grpc.aio.Channel | None = field(default=None, repr=False)
     # How to dial this child when it differs from its set's (a GPU that serves TLS).
     credentials: grpc.ChannelCredentials | None = field(default=None, repr=False)
+    # False once its ModelStreamInfer proved not Triton's (common.request.stream_request).
+    streams: bool = True
 
     def fresh_summary(self, now: float, ttl_s: float) -> capacity_pb2.CapacitySummary | None:
         """The summary if younger than ``ttl_s``; a stale one reads as unknown (None)."""
