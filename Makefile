@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 MLSERVER_VENV ?= .venv-mlserver
 MLSERVER_VERSION := 1.7.1
-MLSERVER_STAMP := $(MLSERVER_VENV)/.installed
+MLSERVER_STAMP := $(MLSERVER_VENV)/.installed-$(MLSERVER_VERSION)
 
 .PHONY: up test proto lint bench browser promtool mlserver clean
 

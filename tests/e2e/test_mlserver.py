@@ -110,7 +110,7 @@ def fleet_spec(ml: MLServer) -> dict[str, Any]:
     """One region, one zone: GPU 0 is MLServer (H100: the faster, so an idle zone picks
     it), GPU 1 an emulated A100."""
     spec = small_fleet_spec(regions=1, zones=1, gpus=2)
-    # A stock grpcio server answers pings every second with GOAWAY too_many_pings.
+    # The stock-server GPU keepalive, as in front of Triton (deploy/demo-fleet.yaml).
     spec.pop("gpu_keepalive", None)
     spec["slow_start_window_s"] = 0.0  # back at full share at once once healthy again
     gpus = spec["regions"][0]["zones"][0]["gpus"]
