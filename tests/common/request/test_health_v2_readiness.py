@@ -49,8 +49,10 @@ class V2(pb_grpc.GRPCInferenceServiceServicer):
     def __init__(self, ready_models: set[str]) -> None:
         self.server_ready = True
         self.ready_models = ready_models
+        self.delay_s = 0.0
 
     async def ServerReady(self, request: object, context: object) -> pb.ServerReadyResponse:
+        await asyncio.sleep(self.delay_s)
         return pb.ServerReadyResponse(ready=self.server_ready)
 
     async def ModelReady(self, request: pb.ModelReadyRequest, context: object) -> object:
@@ -156,6 +158,17 @@ async def test_v2_readiness_marks_down_and_up_like_grpc_health(
         await asyncio.sleep(0.05)
     assert check.reason == "ServerReady, 1/1 models ready"
     assert server.calls.count(HEALTH_CHECK) == 1  # still known to have none
+
+
+async def test_a_server_ready_that_runs_out_of_time_is_slow_not_a_verdict(
+    server: Server, channel: grpc.aio.Channel
+) -> None:
+    checker = HealthChecker(channel)
+    assert (await checker.check_gpu({"a"}, timeout_s=1.0)).healthy
+    server.v2.delay_s = 1.0
+    check = await checker.check_gpu({"a"}, timeout_s=0.2)
+    assert (check.healthy, check.slow, check.answered) == (False, True, False)
+    assert check.reason.startswith("ServerReady: DEADLINE_EXCEEDED"), check.reason
 
 
 async def test_grpc_health_is_asked_again_and_believed_once_it_answers(
