@@ -145,7 +145,8 @@ class HealthChecker:
                 await asyncio.sleep(poll_s)
 
     async def _follow(self, report: Report) -> None:
-        """``Watch`` until it answers UNIMPLEMENTED, re-opened with back-off when broken."""
+        """``Watch`` until it answers UNIMPLEMENTED, re-opened with back-off when broken
+        (the back-off resets whenever a status arrives)."""
         request = health_pb2.HealthCheckRequest(service=self.service)
         backoff = Backoff(WATCH_RETRY_MIN_S, WATCH_RETRY_MAX_S)
         while True:
