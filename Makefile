@@ -4,8 +4,11 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+MLSERVER_VENV ?= .venv-mlserver
+MLSERVER_VERSION := 1.7.1
+MLSERVER_STAMP := $(MLSERVER_VENV)/.installed-$(MLSERVER_VERSION)
 
-.PHONY: up test proto lint bench browser promtool clean
+.PHONY: up test proto lint bench browser promtool mlserver clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,7 +19,7 @@ $(STAMP): pyproject.toml
 up: $(STAMP)
 	$(VENV)/bin/meridian up $(ARGS)
 
-test: $(STAMP)
+test: $(STAMP) $(MLSERVER_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Regenerates common/gen from proto/ (tests fail when the two disagree).
@@ -59,5 +62,15 @@ promtool:
 		rm -rf $(PROMTOOL_TMP); \
 	fi
 
+# MLServer (a stock KServe V2 server, no grpc.health.v1) in its own virtualenv: its pins
+# clash with the project's. tests/e2e/test_mlserver.py runs it behind the three tiers
+# (and skips, saying why, without it). The stamp keeps the target idempotent.
+mlserver: $(MLSERVER_STAMP)
+$(MLSERVER_STAMP):
+	$(PYTHON) -m venv $(MLSERVER_VENV)
+	$(MLSERVER_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MLSERVER_VENV)/bin/python -m pip install --quiet mlserver==$(MLSERVER_VERSION)
+	touch $(MLSERVER_STAMP)
+
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) $(MLSERVER_VENV) build *.egg-info
