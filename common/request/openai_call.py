@@ -132,6 +132,10 @@ class HttpCallContext(grpc.aio.ServicerContext):
     async def write(self, message: Any) -> None:
         await self._write(message)
 
+    def stream_to(self, write: Write) -> None:
+        """Where ``write`` sends the stream's responses (the edge's SSE writer)."""
+        self._write = write
+
     def auth_context(self) -> dict[str, list[bytes]]:
         return {}  # no TLS peer: HTTP callers authenticate with their API key
 
