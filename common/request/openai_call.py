@@ -38,6 +38,8 @@ Write = Callable[[pb.ModelStreamInferResponse], Awaitable[None]]
 AUTHORIZATION = "authorization"
 FORWARDED_HEADERS = frozenset({AUTHORIZATION, "traceparent", "tracestate"})
 MERIDIAN_PREFIX = "x-meridian-"
+# How long after the deadline the edge cancels a call that the deadline did not end.
+BACKSTOP_S = 0.5
 
 
 class CallAborted(Exception):
@@ -140,10 +142,16 @@ class HttpCallContext(grpc.aio.ServicerContext):
         return {}  # no TLS peer: HTTP callers authenticate with their API key
 
     async def bounded(self, handling: Awaitable[T]) -> T:
-        """``handling`` within the deadline; past it, DEADLINE_EXCEEDED (CallAborted),
-        whether the edge's clock ran out first or the proxy found the deadline spent
-        (``common.request.abort`` then ends the call as cancelled, code set)."""
-        timeout = asyncio.timeout(self.time_remaining())
+        """``handling`` within the deadline; past it, DEADLINE_EXCEEDED (CallAborted).
+
+        The proxy passes the time left to the tier below as the gRPC deadline of each
+        attempt, so at the deadline the child call itself ends with DEADLINE_EXCEEDED
+        and the request is recorded as such (a stream's request too). The edge's own
+        clock is a backstop ``BACKSTOP_S`` later, for anything that did not end then;
+        the proxy finding the deadline spent (``common.request.abort``: code set, then
+        cancelled) is DEADLINE_EXCEEDED as well."""
+        left = self.time_remaining()
+        timeout = asyncio.timeout(None if left is None else left + BACKSTOP_S)
         try:
             async with timeout:
                 return await handling
