@@ -81,11 +81,9 @@ class SseStream:
 
     async def write(self, message: pb.ModelStreamInferResponse) -> None:
         """``context.write``: one V2 stream response, as one SSE chunk."""
-        if message.error_message:
+        if message.error_message:  # the stream ends next: ``serve`` says it, once
             code, detail = status_of(message.error_message)
             self.error = grpc_error(code, detail)
-            if self.response is not None:
-                await self._send(sse(self.error.body()))
             return
         infer = message.infer_response
         self.count.add(infer)
