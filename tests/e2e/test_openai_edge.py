@@ -113,3 +113,12 @@ async def test_routing_hints_travel_as_headers(chain: Chain) -> None:
             model=MODEL, prompt=PROMPT, max_tokens=2
         )
     assert raw.headers["x-meridian-route"] == "eu/eu-1a/g0"
+
+
+async def test_internal_headers_from_a_caller_are_dropped(chain: Chain) -> None:
+    forged = {"x-meridian-tenant": chain.ids["gold"], "x-meridian-single-request": "1"}
+    async with chain.client("solo", **forged) as client:
+        await client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=2)
+    (record,) = await chain.wait_usage("solo", 1)
+    assert record.status == "OK"
+    assert chain.usage("gold") == []  # billed to the key's tenant, not the forged one
