@@ -66,6 +66,9 @@ def die_with_parent() -> None:
         raise SystemExit(1)
 
 
+LISTEN_KEYS = frozenset({"listen", "metrics_listen", "ops_listen", "openai_listen"})  # binds
+
+
 def resolve_ports(raw: dict[str, Any]) -> dict[str, Any]:
     """Replace every ``host:0`` listen address with a free loopback port."""
 
@@ -73,7 +76,7 @@ def resolve_ports(raw: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict):
             out = {}
             for key, value in node.items():
-                if key in ("listen", "metrics_listen", "ops_listen") and isinstance(value, str):
+                if key in LISTEN_KEYS and isinstance(value, str):
                     host, _, port = value.rpartition(":")
                     if port == "0":
                         value = f"{host}:{free_port(host.strip('[]'))}"
@@ -310,6 +313,11 @@ class Fleet:
     @property
     def global_address(self) -> str:
         return self.topology.global_tier.endpoint.address
+
+    @property
+    def openai_url(self) -> str | None:
+        openai = self.topology.global_tier.openai
+        return None if openai is None else f"http://{openai.endpoint.address}/v1"
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Start bottom-up, a layer at a time, so each tier's first health probe

@@ -122,6 +122,9 @@ def _run_up(args: argparse.Namespace) -> None:
         if fleet.admin_key is not None:
             print(f"admin key {fleet.admin_key}")
         print(f"global     listening {fleet.global_address}  (KServe V2 gRPC, model demo-llm)")
+        if topo.global_tier.openai is not None:
+            url = f"http://{topo.global_tier.openai.endpoint}/v1"
+            print(f"openai     {url}  (OpenAI-compatible HTTP: completions, chat, models)")
         if topo.global_tier.ops is not None:
             print(f"dashboard  http://{topo.global_tier.ops}/  (also /metrics /readyz /api/*)")
         print("ready; Ctrl-C stops everything", flush=True)

@@ -190,13 +190,15 @@ class TierServer:
         edge = not self.spec.trust_internal  # the tier clients call
         # The parent check runs inside the call interceptor, so a refused call is still
         # traced and counted (common.request.peers: an inner tier serves only its parent).
+        # Kept: another front end on the proxy (the OpenAI edge) observes its calls with it.
+        self.calls = CallInterceptor(observers)
         return V2Server(
             self.proxy,
             self.endpoint,
             credentials=tier_server_credentials(self.tls, edge=edge),
             limits=self.limits,
             interceptors=[
-                CallInterceptor(observers),
+                self.calls,
                 *parent_only(None if self.tls is None or edge else self.tls.identity),
             ],
             keepalive=self.keepalive,
