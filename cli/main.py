@@ -17,7 +17,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from cli.parser import build_parser
-from common.config.node import ConfigError
+from common.config.ext_proc import ExtProcConfig
+from common.config.node import ConfigError, parse_endpoint
 from common.config.topology import Topology, load_topology
 from common.observability.logs import FORMAT_ENV, LEVEL_ENV, LogSettings, configure_logging
 
@@ -62,10 +63,20 @@ def _run_tier(args: argparse.Namespace) -> None:
                 args.zone,
                 policy=args.policy,
                 reload_from=source,
+                ext_proc=_ext_proc(topology, args),
             )
         await tier.serve_until(stop, grace=args.grace)
 
     asyncio.run(_until_signalled(run))
+
+
+def _ext_proc(topology: Topology, args: argparse.Namespace) -> ExtProcConfig | None:
+    """``--ext-proc-listen`` over the zone's ``ext_proc`` section (its other keys kept)."""
+    if not args.ext_proc_listen:
+        return None
+    listen = parse_endpoint(args.ext_proc_listen, "--ext-proc-listen")
+    zone = topology.zone(args.region, args.zone).ext_proc
+    return dataclasses.replace(zone, listen=listen) if zone else ExtProcConfig(listen)
 
 
 def _run_worker(args: argparse.Namespace) -> None:

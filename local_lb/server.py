@@ -12,6 +12,7 @@ import grpc
 
 from common.basics.ticker import Ticker
 from common.capacity.streams import zone_stream
+from common.config.ext_proc import ExtProcConfig
 from common.config.gpu import GpuConfig
 from common.config.identity import local
 from common.config.node import ConfigError
@@ -32,6 +33,7 @@ from common.tier.wiring import summary_publisher, tier_children
 from local_lb.admin import LocalAdmin, local_admin
 from local_lb.balancer import LocalBalancer
 from local_lb.cost import A100_WORK_PER_S, drain_rps
+from local_lb.ext_proc import extproc_services
 from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.policies import picker_factory
 from local_lb.publication import LateBoundCallback
@@ -340,11 +342,14 @@ def build_local_tier(
     policy: str = "default",
     reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
+    ext_proc: ExtProcConfig | None = None,
 ) -> TierServer:
     """The local tier of ``region``/``zone`` as ``topology`` describes it; ``reload_from``
     re-reads the topology for the Admin API's ReloadTopology; ``telemetry`` replaces the
-    OTel-configured tracing. Serves its regional tier only (mutual TLS); GPUs as they say."""
+    OTel-configured tracing; ``ext_proc`` (default: the zone's) also serves Envoy as its
+    endpoint picker. Serves its regional tier only (mutual TLS); GPUs as they say."""
     zone_cfg, tls = topology.zone(region, zone), tier_tls(topology, local(region, zone))
+    ext_proc = ext_proc or zone_cfg.ext_proc
     make_gpu, gpus = zone_gpus(tls, zone_cfg)
     children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
     poke_publisher = LateBoundCallback()  # the publisher reads the balancer's queue
@@ -380,6 +385,7 @@ def build_local_tier(
             monitor,
             Ticker(balancer.refresh_all, topology.health_interval_s / 2),
             Ticker(ejections.poll, topology.health_interval_s / 2),
+            *extproc_services(ext_proc, balancer, children, topology.limits),
         ],
         tls=tls,
         admission=inner_admission(topology.auth),
