@@ -49,7 +49,7 @@ from common.request.v2 import GenerateRequest
 from local_lb.balancer import LocalBalancer
 from local_lb.ext_proc_reply import destination, go_on, refusal, served_endpoint, status_of
 from local_lb.ext_proc_reply import subset_hint as read_subset_hint
-from local_lb.ext_proc_request import RequestHead, header_pairs, read_body, read_head
+from local_lb.ext_proc_request import RequestHead, header_pairs, is_grpc, read_body, read_head
 from local_lb.state import GpuChild
 
 log = logging.getLogger(__name__)
@@ -70,10 +70,7 @@ class Exchange:
         self.pick: PickRequest | None = None
         self.lease: Lease | None = None
         self.status: tuple[grpc.StatusCode, str] | None = None
-
-    @property
-    def grpc_call(self) -> bool:
-        return self.head is not None and self.head.grpc
+        self.grpc_call = False
 
     async def handle(self, request: ep.ProcessingRequest) -> ep.ProcessingResponse:
         kind = request.WhichOneof("request") or ""
@@ -93,7 +90,9 @@ class Exchange:
         return go_on(kind)  # request trailers, response body: nothing to decide
 
     async def _request_headers(self, message: ep.HttpHeaders) -> ep.ProcessingResponse:
-        self.head = read_head(header_pairs(message.headers.headers))
+        headers = header_pairs(message.headers.headers)
+        self.grpc_call = is_grpc(headers)
+        self.head = read_head(headers)
         if message.end_of_stream:
             raise RouteError.invalid(
                 f"{self.head.path} needs a request body naming the model; this request has none"

@@ -71,12 +71,17 @@ def header_pairs(headers: Sequence[Any]) -> list[tuple[str, str]]:
     return [(h.key, h.raw_value.decode("latin-1") if h.raw_value else h.value) for h in headers]
 
 
+def is_grpc(headers: Sequence[tuple[str, str]]) -> bool:
+    """A gRPC call (its refusals then carry a gRPC status)."""
+    return any(k == "content-type" and v.startswith("application/grpc") for k, v in headers)
+
+
 def read_head(headers: Sequence[tuple[str, str]]) -> RequestHead:
     """The route and routing hints (``x-meridian-*``, read as at the edge: an unknown
     ``x-meridian-*`` key or a malformed value is INVALID_ARGUMENT naming it)."""
     values = dict(headers)
     path = values.get(":path", "").split("?", 1)[0]
-    grpc_call = values.get("content-type", "").startswith("application/grpc")
+    grpc_call = is_grpc(headers)
     meridian = [(k, v) for k, v in headers if k.startswith(MERIDIAN_PREFIX) or k in TRACE_KEYS]
     hints = parse_hints(meridian, trust_internal=False)
     timeout = _grpc_timeout(values.get("grpc-timeout")) if grpc_call else None
