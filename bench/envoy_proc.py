@@ -64,13 +64,19 @@ class EnvoyProcess:
             "--log-path", str(self.log),
         ]  # fmt: skip
 
-    async def start(self, timeout_s: float = 20.0) -> None:
+    def spawn(self) -> subprocess.Popen[bytes]:
+        """Start the process (it logs to ``log``); ``start`` also waits until it is ready."""
         argv = self.argv()
         if sys.platform.startswith("linux"):
             argv = [sys.executable, "-I", "-S", "-c", _DIE_WITH_PARENT, str(os.getpid()), *argv]
         self.process = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
+        return self.process
+
+    async def start(self, timeout_s: float = 20.0) -> None:
+        self.spawn()
+        assert self.process is not None
         deadline = time.monotonic() + timeout_s
         url = f"http://{self.admin.address}/ready"
         async with aiohttp.ClientSession() as session:
@@ -114,5 +120,9 @@ class EnvoyProcess:
             if process.poll() is not None:
                 return
             await asyncio.sleep(0.1)
-        process.kill()
-        process.wait()
+        _kill(process)
+
+
+def _kill(process: subprocess.Popen[bytes]) -> None:
+    process.kill()
+    process.wait(timeout=5)

@@ -15,7 +15,7 @@ from common.basics.redis_embed import EmbeddedRedis
 from common.request.routing import ROUTE
 from common.request.v2 import generate_request
 from local_lb.ext_proc_reply import SERVED
-from tests.local_lb.envoy_stack import ZONE, EnvoyZone, envoy_zone
+from tests.local_lb.envoy_stack import EnvoyZone, envoy_zone
 
 
 @pytest.fixture
