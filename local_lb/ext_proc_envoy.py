@@ -221,3 +221,44 @@ def envoy_bootstrap(
 
 def render(bootstrap: dict[str, Any]) -> str:
     return yaml.safe_dump(bootstrap, sort_keys=False)
+
+
+# The examples in deploy/envoy: Envoy and the picker on one host, two GPUs.
+EXAMPLE_GPUS = (Endpoint("10.0.0.11", 8001), Endpoint("10.0.0.12", 8001))
+EXAMPLE_HEADER = """\
+# Envoy in front of one Meridian zone, its local tier as the endpoint picker ({shape}).
+# Rendered by `python -m local_lb.ext_proc_envoy` (local_lb/ext_proc_envoy.py says why
+# each part is there); run: envoy -c {name} --disable-hot-restart
+# The zone's topology entry needs `ext_proc: {{listen: 127.0.0.1:9002{fallbacks}}}`.
+"""
+
+
+def example(original_dst: bool) -> str:
+    """The text of ``deploy/envoy/envoy.yaml`` (or ``envoy-original-dst.yaml``)."""
+    bootstrap = envoy_bootstrap(
+        listen=Endpoint("0.0.0.0", 8080),
+        picker=Endpoint("127.0.0.1", 9002),
+        admin=Endpoint("127.0.0.1", 9901),
+        gpus=() if original_dst else EXAMPLE_GPUS,
+        original_dst=original_dst,
+        retries=1 if original_dst else 2,
+    )
+    header = EXAMPLE_HEADER.format(
+        shape="ORIGINAL_DST cluster, one endpoint" if original_dst else "override_host, fallbacks",
+        name=example_name(original_dst),
+        fallbacks=", fallbacks: 0" if original_dst else "",
+    )
+    return header + render(bootstrap)
+
+
+def example_name(original_dst: bool) -> str:
+    return "envoy-original-dst.yaml" if original_dst else "envoy.yaml"
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    where = Path(__file__).resolve().parent.parent / "deploy" / "envoy"
+    where.mkdir(exist_ok=True)
+    for shape in (False, True):
+        (where / example_name(shape)).write_text(example(shape), encoding="utf-8")
