@@ -8,7 +8,7 @@ thread) with the picker's ext_proc filter in front of the GPUs (override_host cl
 Clients in this process send 1-token ModelInfer calls in a closed loop of
 ``--concurrency`` for ``--seconds``, to each path in turn, ``--runs`` times:
 
-* ``direct``: straight to one GPU (no router): the floor the others add to;
+* ``direct``: straight to the GPUs, clients spread evenly (no router): the floor;
 * ``proxy``: to the local tier, which picks and forwards the bytes itself;
 * ``envoy``: to Envoy, which asks the picker and carries the bytes.
 
@@ -51,23 +51,30 @@ RESULTS = Path(__file__).parent / "results"
 PATHS = ("direct", "proxy", "envoy")
 
 
-async def closed_loop(address: str, concurrency: int, seconds: float) -> dict[str, float]:
-    """Requests/s and latency percentiles of ``concurrency`` clients on one channel."""
-    request = generate_request(MODEL, "hello", 1)
+async def closed_loop(
+    addresses: list[str], concurrency: int, seconds: float, tokens: int = 1
+) -> dict[str, float]:
+    """Requests/s and latency percentiles of ``concurrency`` clients, spread over
+    ``addresses`` (a channel each), each asking for ``tokens`` tokens in one answer."""
+    request = generate_request(MODEL, "hello", tokens)
     latencies: list[float] = []
     stop_at = time.perf_counter() + seconds
-    async with grpc.aio.insecure_channel(address) as channel:
-        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+    channels = [grpc.aio.insecure_channel(a) for a in addresses]
+    stubs = [pb_grpc.GRPCInferenceServiceStub(c) for c in channels]
 
-        async def client() -> None:
-            while time.perf_counter() < stop_at:
-                began = time.perf_counter()
-                await stub.ModelInfer(request, timeout=10)
-                latencies.append(time.perf_counter() - began)
+    async def client(stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+        while time.perf_counter() < stop_at:
+            began = time.perf_counter()
+            await stub.ModelInfer(request, timeout=10)
+            latencies.append(time.perf_counter() - began)
 
+    try:
         started = time.perf_counter()
-        await asyncio.gather(*(client() for _ in range(concurrency)))
+        await asyncio.gather(*(client(stubs[i % len(stubs)]) for i in range(concurrency)))
         elapsed = time.perf_counter() - started
+    finally:
+        for channel in channels:
+            await channel.close()
     latencies.sort()
     return {
         "rps": len(latencies) / elapsed,
@@ -108,6 +115,7 @@ def _topology(redis_url: str, gpus: int, time_scale: float) -> dict[str, Any]:
 
 
 async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    load = os.getloadavg()[0]  # other work on the machine skews every figure alike
     redis = EmbeddedRedis()
     redis.start()
     mapping = _topology(redis.url, args.gpus, args.time_scale)
@@ -126,28 +134,31 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         gpus=[_endpoint(g) for g in gpus],
     )
     envoy = EnvoyProcess(bootstrap, admin, workdir)
-    results: dict[str, list[dict[str, float]]] = {path: [] for path in PATHS}
+    results: dict[str, dict[str, list[dict[str, float]]]] = {
+        str(n): {path: [] for path in PATHS} for n in args.max_tokens
+    }
     try:
         for gpu in gpus:
             await _ready(gpu)
         procs.append(_spawn([*main, "local", *where], workdir / "local.log"))
         await _ready(zone["listen"])
         await envoy.start()
-        targets = {"direct": gpus[0], "proxy": zone["listen"], "envoy": listen.address}
+        targets = {"direct": gpus, "proxy": [zone["listen"]], "envoy": [listen.address]}
         for address in targets.values():  # warm up every path once
             await closed_loop(address, args.concurrency, 0.5)
         for i in range(args.runs):
-            for path, address in targets.items():
-                figures = await closed_loop(address, args.concurrency, args.seconds)
-                results[path].append(figures)
-                print(f"run {i + 1} {path:6s}: {_line(figures)}", flush=True)
+            for tokens in args.max_tokens:
+                for path, address in targets.items():
+                    figures = await closed_loop(address, args.concurrency, args.seconds, tokens)
+                    results[str(tokens)][path].append(figures)
+                    print(f"run {i + 1} {tokens:4d} tokens {path:6s}: {_line(figures)}", flush=True)
     finally:
         await envoy.stop()
         for proc in reversed(procs):
             proc.terminate()
             _wait(proc)
         redis.stop()
-    return _summary(args, results)
+    return _summary(args, results, load)
 
 
 def _endpoint(text: str) -> Endpoint:
@@ -194,21 +205,42 @@ def markdown(summary: dict[str, Any]) -> str:
         "# Envoy + endpoint picker vs the local tier proxying itself",
         "",
         f"`python -m bench.extproc` — {m['date']}, {m['nproc']} CPUs ({m['cpu']}), "
-        f"Python {m['python']}; {p['gpus']} emulated A100s at time scale {p['time_scale']}, "
-        f"{p['concurrency']} clients, {p['runs']} runs of {p['seconds']} s per path.",
-        "",
-        "| path | req/s | P50 ms | P99 ms | P50 added over direct |",
-        "|---|---|---|---|---|",
+        f"Python {m['python']}, load average {m['load_average_1m_before']:.1f} before the "
+        f"run; {p['gpus']} emulated A100s at time scale {p['time_scale']}, "
+        f"{p['concurrency']} clients, {p['runs']} runs of {p['seconds']} s per path "
+        "(medians).",
     ]
-    for path in PATHS:
-        f = summary["medians"][path]
-        added = summary["added_p50_ms"].get(path)
-        extra = "—" if added is None else f"{added:+.2f} ms"
-        lines.append(
-            f"| {path} | {f['rps']:.0f} | {f['p50_ms']:.2f} | {f['p99_ms']:.2f} | {extra} |"
-        )
-    lines += ["", f"Envoy + picker / proxy requests/s: {summary['envoy_vs_proxy_rps']:.2f}", ""]
-    return "\n".join(lines)
+    for tokens, size in summary["by_max_tokens"].items():
+        lines += [
+            "",
+            f"**{tokens}-token answers** (Envoy + picker / proxy requests/s: "
+            f"{size['envoy_vs_proxy_rps']:.2f})",
+            "",
+            "| path | req/s | P50 ms | P99 ms | P50 added over direct |",
+            "|---|---|---|---|---|",
+        ]
+        for path in PATHS:
+            f = size["medians"][path]
+            added = size["added_p50_ms"].get(path)
+            extra = "—" if added is None else f"{added:+.2f} ms"
+            lines.append(
+                f"| {path} | {f['rps']:.0f} | {f['p50_ms']:.2f} | {f['p99_ms']:.2f} | {extra} |"
+            )
+    return "\n".join([*lines, "", READING])
+
+
+READING = """\
+Reading it. Every process here — the clients, the GPUs' worker, the local tier, Envoy
+(one worker thread) and Redis — shares the machine's 2 cores (with whatever else runs
+on it), so each path's figure is what is left to it, not what it would do alone. The
+proxy path costs the tier one unary call in and one out per request, in Python. The
+Envoy path moves the bytes to C++ but costs the picker, also Python, one ext_proc
+stream of four messages per request (request headers, the buffered body, response
+headers, trailers), and Envoy's worker takes CPU from that same pair of cores: for
+small answers the picker is the bottleneck and Envoy + picker does a bit less than
+the proxy. What it saves grows with the bytes the proxy would have copied (long
+answers, token streams) and with cores of its own for Envoy; the picker's work per
+request stays the same whatever the size."""
 
 
 def main() -> None:
@@ -218,6 +250,12 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--seconds", type=float, default=5.0)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--max-tokens",
+        type=lambda text: [int(n) for n in text.split(",")],
+        default=[1, 512],
+        help="answer sizes to run, comma-separated",
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="meridian-extproc-") as tmp:
