@@ -182,20 +182,25 @@ def _line(figures: dict[str, float]) -> str:
 
 
 def _summary(
-    args: argparse.Namespace, results: dict[str, list[dict[str, float]]]
+    args: argparse.Namespace, results: dict[str, dict[str, list[dict[str, float]]]], load: float
 ) -> dict[str, Any]:
-    medians = {
-        path: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-        for path, runs in results.items()
-    }
-    floor = medians["direct"]["p50_ms"]
+    by_size = {}
+    for tokens, paths in results.items():
+        medians = {
+            path: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+            for path, runs in paths.items()
+        }
+        floor = medians["direct"]["p50_ms"]
+        by_size[tokens] = {
+            "medians": medians,
+            "added_p50_ms": {p: medians[p]["p50_ms"] - floor for p in ("proxy", "envoy")},
+            "envoy_vs_proxy_rps": medians["envoy"]["rps"] / medians["proxy"]["rps"],
+        }
     return {
-        "machine": machine(),
+        "machine": {**machine(), "load_average_1m_before": load},
         "params": vars(args),
         "runs": results,
-        "medians": medians,
-        "added_p50_ms": {path: medians[path]["p50_ms"] - floor for path in ("proxy", "envoy")},
-        "envoy_vs_proxy_rps": medians["envoy"]["rps"] / medians["proxy"]["rps"],
+        "by_max_tokens": by_size,
     }
 
 
