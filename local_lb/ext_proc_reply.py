@@ -29,12 +29,12 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 import grpc
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.type.v3 import http_status_pb2
 from google.protobuf import struct_pb2
 
 from common.basics.errors import RETRY_AFTER_MS, RouteError
+from common.gen.envoy.config.core.v3 import base_pb2
+from common.gen.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from common.gen.envoy.type.v3 import http_status_pb2
 
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
@@ -117,7 +117,7 @@ def refusal(err: RouteError, *, grpc_call: bool) -> ep.ProcessingResponse:
         headers.append(_overwrite("content-type", "application/json"))
         body = json.dumps({"error": _openai_error(err, status)}).encode()
     response = ep.ImmediateResponse(
-        status=http_status_pb2.HttpStatus(code=status),
+        status=http_status_pb2.HttpStatus(code=http_status_pb2.StatusCode.Name(status)),
         headers=ep.HeaderMutation(set_headers=headers),
         body=body,
         details=f"meridian_{err.code.name.lower()}",

@@ -349,7 +349,6 @@ def build_local_tier(
     OTel-configured tracing; ``ext_proc`` (default: the zone's) also serves Envoy as its
     endpoint picker. Serves its regional tier only (mutual TLS); GPUs as they say."""
     zone_cfg, tls = topology.zone(region, zone), tier_tls(topology, local(region, zone))
-    ext_proc = ext_proc or zone_cfg.ext_proc
     make_gpu, gpus = zone_gpus(tls, zone_cfg)
     children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
     poke_publisher = LateBoundCallback()  # the publisher reads the balancer's queue
@@ -365,15 +364,7 @@ def build_local_tier(
     )
     poke_publisher.connect(publisher.poke)
     ejections = EjectionCounter(balancer.ejected_gpus)
-    hooks = LocalAdmin(
-        region=region,
-        zone=zone,
-        children=children,
-        view=view,
-        balancer=balancer,
-        monitor=monitor,
-        make_gpu=make_gpu,
-    )
+    hooks = LocalAdmin(region, zone, children, view, balancer, monitor, make_gpu)
     return TierServer(
         TierSpec(tier="local", trust_internal=True, resolve_origin=no_origin),
         local_policy(topology, zone),
@@ -385,7 +376,7 @@ def build_local_tier(
             monitor,
             Ticker(balancer.refresh_all, topology.health_interval_s / 2),
             Ticker(ejections.poll, topology.health_interval_s / 2),
-            *extproc_services(ext_proc, balancer, children, topology.limits),
+            *extproc_services(ext_proc or zone_cfg.ext_proc, balancer, children, topology.limits),
         ],
         tls=tls,
         admission=inner_admission(topology.auth),

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
-from envoy.config.core.v3 import base_pb2
-from envoy.service.ext_proc.v3 import external_processor_pb2 as ep
-from envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from google.protobuf import struct_pb2
 
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.topology import topology_from_mapping
+from common.gen.envoy.config.core.v3 import base_pb2
+from common.gen.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
+from common.gen.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from common.request.v2 import generate_request
 from common.tier.server import TierServer
 from local_lb.ext_proc import ExtProcServer
