@@ -12,7 +12,6 @@ import grpc
 
 from common.basics.ticker import Ticker
 from common.capacity.streams import zone_stream
-from common.config.ext_proc import ExtProcConfig
 from common.config.gpu import GpuConfig
 from common.config.identity import local
 from common.config.node import ConfigError
@@ -342,12 +341,9 @@ def build_local_tier(
     policy: str = "default",
     reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
-    ext_proc: ExtProcConfig | None = None,
 ) -> TierServer:
-    """The local tier of ``region``/``zone`` as ``topology`` describes it; ``reload_from``
-    re-reads the topology for the Admin API's ReloadTopology; ``telemetry`` replaces the
-    OTel-configured tracing; ``ext_proc`` (default: the zone's) also serves Envoy as its
-    endpoint picker. Serves its regional tier only (mutual TLS); GPUs as they say."""
+    """The zone's local tier (for its regional tier only, mutual TLS; Envoy's endpoint picker
+    too with ``ext_proc``); ``reload_from`` re-reads the topology; ``telemetry``: not OTel's."""
     zone_cfg, tls = topology.zone(region, zone), tier_tls(topology, local(region, zone))
     make_gpu, gpus = zone_gpus(tls, zone_cfg)
     children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
@@ -364,7 +360,15 @@ def build_local_tier(
     )
     poke_publisher.connect(publisher.poke)
     ejections = EjectionCounter(balancer.ejected_gpus)
-    hooks = LocalAdmin(region, zone, children, view, balancer, monitor, make_gpu)
+    hooks = LocalAdmin(
+        region=region,
+        zone=zone,
+        children=children,
+        view=view,
+        balancer=balancer,
+        monitor=monitor,
+        make_gpu=make_gpu,
+    )
     return TierServer(
         TierSpec(tier="local", trust_internal=True, resolve_origin=no_origin),
         local_policy(topology, zone),
@@ -376,7 +380,7 @@ def build_local_tier(
             monitor,
             Ticker(balancer.refresh_all, topology.health_interval_s / 2),
             Ticker(ejections.poll, topology.health_interval_s / 2),
-            *extproc_services(ext_proc or zone_cfg.ext_proc, balancer, children, topology.limits),
+            *extproc_services(zone_cfg.ext_proc, balancer, children, topology.limits),
         ],
         tls=tls,
         admission=inner_admission(topology.auth),
