@@ -17,16 +17,14 @@ From the Gateway API Inference Extension's endpoint-picker protocol:
   is removed before the response goes on to the caller;
 * **refusals** as an ``ImmediateResponse``: 503 when no GPU can serve, 429 (with
   ``retry-after``) when the zone sheds, and the status of the error otherwise;
-  a gRPC caller gets the gRPC code itself (``grpc_status``), an HTTP caller
-  OpenAI's JSON error body.
+  a gRPC caller gets the gRPC code itself (``grpc_status``), an HTTP caller the
+  OpenAI edge's error (``common.request.openai_json``: status, body, Retry-After).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Sequence
-from typing import Any
 
 import grpc
 from google.protobuf import struct_pb2
@@ -35,6 +33,8 @@ from common.basics.errors import RETRY_AFTER_MS, RouteError
 from common.gen.envoy.config.core.v3 import base_pb2
 from common.gen.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from common.gen.envoy.type.v3 import http_status_pb2
+from common.request.openai_json import HTTP_STATUS, OpenAIError, grpc_error
+from common.request.routing import trailer
 
 DESTINATION = "x-gateway-destination-endpoint"
 SERVED = "x-gateway-destination-endpoint-served"
@@ -42,21 +42,7 @@ SUBSET = "x-gateway-destination-endpoint-subset"
 LB_NAMESPACE = "envoy.lb"
 SUBSET_NAMESPACE = "envoy.lb.subset_hint"
 
-# gRPC code -> HTTP status (the edge's mapping; RESOURCE_EXHAUSTED is 413 without a
-# retry-after: a request too big, not load shed).
-HTTP_STATUS = {
-    grpc.StatusCode.OK: 200,
-    grpc.StatusCode.INVALID_ARGUMENT: 400,
-    grpc.StatusCode.UNAUTHENTICATED: 401,
-    grpc.StatusCode.PERMISSION_DENIED: 403,
-    grpc.StatusCode.NOT_FOUND: 404,
-    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
-    grpc.StatusCode.UNIMPLEMENTED: 501,
-    grpc.StatusCode.UNAVAILABLE: 503,
-    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
-}
 _CODE_BY_NUMBER = {code.value[0]: code for code in grpc.StatusCode}
-_OPENAI_ERROR_TYPE = {400: "invalid_request_error", 404: "not_found_error", 429: "rate_limit_error"}
 
 
 def _overwrite(key: str, value: str) -> base_pb2.HeaderValueOption:
@@ -103,19 +89,16 @@ def go_on(kind: str) -> ep.ProcessingResponse:
 
 def refusal(err: RouteError, *, grpc_call: bool) -> ep.ProcessingResponse:
     """``err`` as Envoy's immediate response to the caller."""
-    retry_ms = next((v for k, v in err.trailers if k == RETRY_AFTER_MS), None)
-    status = HTTP_STATUS.get(err.code, 500)
-    if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry_ms is None:
-        status = 413
-    headers: list[base_pb2.HeaderValueOption] = []
     if grpc_call:
+        status = HTTP_STATUS.get(err.code, 500)
         headers = [_overwrite(k, v) for k, v in err.trailers]
         body = err.message.encode()
     else:
-        if retry_ms is not None:
-            headers.append(_overwrite("retry-after", str(max(1, math.ceil(int(retry_ms) / 1000)))))
+        error = openai_error(err)
+        status = error.status
+        headers = [_overwrite(k, v) for k, v in error.headers]
         headers.append(_overwrite("content-type", "application/json"))
-        body = json.dumps({"error": _openai_error(err, status)}).encode()
+        body = json.dumps(error.body()).encode()
     response = ep.ImmediateResponse(
         status=http_status_pb2.HttpStatus(code=http_status_pb2.StatusCode.Name(status)),
         headers=ep.HeaderMutation(set_headers=headers),
@@ -127,13 +110,13 @@ def refusal(err: RouteError, *, grpc_call: bool) -> ep.ProcessingResponse:
     return ep.ProcessingResponse(immediate_response=response)
 
 
-def _openai_error(err: RouteError, status: int) -> dict[str, Any]:
-    return {
-        "message": err.message,
-        "type": _OPENAI_ERROR_TYPE.get(status, "server_error" if status >= 500 else "api_error"),
-        "param": None,
-        "code": err.code.name.lower(),
-    }
+def openai_error(err: RouteError) -> OpenAIError:
+    """The OpenAI edge's error for ``err`` (status, ``Retry-After``, body); a
+    RESOURCE_EXHAUSTED without a retry hint is a body too large: 413."""
+    retry = trailer(err.trailers, RETRY_AFTER_MS)
+    if err.code == grpc.StatusCode.RESOURCE_EXHAUSTED and retry is None:
+        return OpenAIError(413, err.message, "request_too_large")
+    return grpc_error(err.code, err.message, err.trailers, getattr(err, "param", None))
 
 
 def _namespace(request: ep.ProcessingRequest, name: str) -> struct_pb2.Struct | None:

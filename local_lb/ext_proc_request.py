@@ -10,10 +10,10 @@ request, told apart by their headers:
   every tier uses. ``ModelStreamInfer`` is refused (UNIMPLEMENTED): Envoy must
   hold the body until it ends to read the model, and a stream's body ends only
   when its caller closes it. Other V2 methods are UNIMPLEMENTED too.
-* **OpenAI JSON**, ``POST /v1/completions`` and ``POST /v1/chat/completions``:
-  ``model`` (required), ``prompt`` or ``messages`` (their text is the prompt the
-  picker estimates and hashes for prefix affinity), ``max_tokens`` (or
-  ``max_completion_tokens``; default 16).
+* **OpenAI JSON**, ``POST /v1/completions`` and ``POST /v1/chat/completions``,
+  read by the OpenAI edge's own ``parse_openai``: ``model``, the prompt (or the
+  chat template's rendering of ``messages``), which the picker estimates and
+  hashes for prefix affinity, and ``max_tokens`` (or ``max_completion_tokens``).
 
 Everything here is pure: a bad request raises ``RouteError`` with the status
 the caller gets (INVALID_ARGUMENT, NOT_FOUND, UNIMPLEMENTED).
@@ -32,14 +32,9 @@ from google.protobuf.message import DecodeError
 from common.basics.errors import RouteError
 from common.config.access import Limits
 from common.gen.inference import grpc_service_pb2 as pb
+from common.request.openai_v2 import ROUTE_CHAT, ROUTE_COMPLETIONS, BadField, parse_openai
 from common.request.routing import MERIDIAN_PREFIX, TRACE_KEYS, RouteHints, parse_hints
-from common.request.v2 import (
-    DEFAULT_MAX_TOKENS,
-    MAX_NAME_CHARS,
-    MAX_TOKENS_LIMIT,
-    GenerateRequest,
-    parse_generate,
-)
+from common.request.v2 import MAX_NAME_CHARS, GenerateRequest, parse_generate
 
 V2_SERVICE_PATH = "/inference.GRPCInferenceService/"
 V2_INFER_PATH = V2_SERVICE_PATH + "ModelInfer"
@@ -152,66 +147,19 @@ def read_v2(body: bytes, limits: Limits) -> GenerateRequest:
 
 
 def read_openai(path: str, body: bytes, limits: Limits) -> GenerateRequest:
-    """An OpenAI completions or chat completions body."""
+    """An OpenAI completions or chat completions body, validated as the OpenAI edge does
+    (``common.request.openai_v2``: same 400s, same chat template, so a chat request's
+    prefix blocks are hashed as the edge's would be)."""
     try:
         doc = json.loads(body)
-    except (UnicodeDecodeError, ValueError) as exc:
-        raise RouteError.invalid(f"request body is not valid JSON: {exc}") from None
-    if not isinstance(doc, dict):
-        raise RouteError.invalid("request body must be a JSON object")
-    model = doc.get("model")
-    if not isinstance(model, str) or not model:
-        raise RouteError.invalid("'model' is required: a non-empty string naming the model")
-    if len(model) > MAX_NAME_CHARS:
-        raise RouteError.invalid(f"'model' is longer than {MAX_NAME_CHARS} characters")
-    chat = path.endswith("/chat/completions")
-    prompt = _chat_text(doc.get("messages")) if chat else _prompt_text(doc.get("prompt", ""))
-    if len(prompt.encode()) > limits.max_prompt_bytes:
-        raise RouteError.invalid(
-            f"the prompt is over limits.max_prompt_bytes ({limits.max_prompt_bytes} bytes)"
+    except ValueError as exc:  # UnicodeDecodeError included
+        raise BadField(None, f"the request body is not valid JSON: {exc}") from None
+    route = ROUTE_CHAT if path.endswith("/chat/completions") else ROUTE_COMPLETIONS
+    request = parse_openai(route, doc)
+    if len(request.model) > MAX_NAME_CHARS:
+        raise BadField("model", f"'model' is longer than {MAX_NAME_CHARS} characters")
+    if len(request.prompt.encode()) > limits.max_prompt_bytes:
+        raise BadField(
+            None, f"the prompt is over limits.max_prompt_bytes ({limits.max_prompt_bytes} bytes)"
         )
-    key = "max_completion_tokens" if chat and "max_completion_tokens" in doc else "max_tokens"
-    max_tokens = doc.get(key, DEFAULT_MAX_TOKENS)
-    if max_tokens is None:
-        max_tokens = DEFAULT_MAX_TOKENS
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise RouteError.invalid(f"'{key}' must be an integer, got {type(max_tokens).__name__}")
-    if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
-        raise RouteError.invalid(f"'{key}' must be between 1 and {MAX_TOKENS_LIMIT}")
-    return GenerateRequest(model, "", prompt, max_tokens)
-
-
-def _prompt_text(prompt: object) -> str:
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
-        return "\n".join(prompt)
-    raise RouteError.invalid("'prompt' must be a string or a list of strings")
-
-
-def _chat_text(messages: object) -> str:
-    if not isinstance(messages, list) or not messages:
-        raise RouteError.invalid("'messages' is required: a non-empty list of messages")
-    parts: list[str] = []
-    for i, message in enumerate(messages):
-        content = message.get("content") if isinstance(message, dict) else None
-        if isinstance(content, str):
-            parts.append(content)
-        elif isinstance(content, list):
-            parts.extend(_content_parts(content, i))
-        elif content is not None or not isinstance(message, dict):
-            raise RouteError.invalid(
-                f"messages[{i}] must be an object whose 'content' is a string or a list of parts"
-            )
-    return "\n".join(parts)
-
-
-def _content_parts(content: list[object], index: int) -> list[str]:
-    texts = []
-    for part in content:
-        if not isinstance(part, dict):
-            raise RouteError.invalid(f"messages[{index}].content parts must be objects")
-        text = part.get("text")
-        if isinstance(text, str):
-            texts.append(text)
-    return texts
+    return GenerateRequest(request.model, "", request.prompt, request.max_tokens)

@@ -79,7 +79,12 @@ async def test_subset_hint_naming_no_gpu_is_503(
         ("/v1/completions", b"{not json", 400, "not valid JSON"),
         ("/v1/completions", b'{"prompt": "hi"}', 400, "'model' is required"),
         ("/v1/completions", b'{"model": 7, "prompt": "hi"}', 400, "'model' is required"),
-        ("/v1/completions", b'{"model": "m", "max_tokens": "ten"}', 400, "max_tokens"),
+        (
+            "/v1/completions",
+            b'{"model": "m", "prompt": "hi", "max_tokens": "t"}',
+            400,
+            "max_tokens",
+        ),
         ("/v1/chat/completions", b'{"model": "m", "messages": "hi"}', 400, "messages"),
         ("/v1/completions", b'{"model": "nope", "prompt": "hi"}', 404, "nope"),
         ("/v1/embeddings", b'{"model": "m"}', 404, "no route"),
@@ -99,3 +104,29 @@ async def test_openai_bad_input_gets_its_status_in_openai_shape(
                 error = json.loads(await answer.read())["error"]
         assert words in error["message"] and error["code"]
         assert z.served() == 0 and z.slots_held() == 0
+
+
+async def test_openai_caller_shed_gets_429_with_retry_after(
+    redis_server: EmbeddedRedis, tmp_path: Path
+) -> None:
+    stack = envoy_zone(redis_server.url, tmp_path, gpus=1, max_concurrency=1, max_wait_s=0.01)
+    async with stack as z:
+        await asyncio.sleep(0.3)
+        for _ in range(3):  # the zone learns its service time (nothing is shed before)
+            await z.stub.ModelInfer(generate_request("m", "warm up", 20), timeout=10)
+        long = asyncio.ensure_future(
+            z.stub.ModelInfer(generate_request("m", "a long answer", 2000), timeout=10)
+        )
+        for _ in range(100):
+            if z.slots_held() == 1:
+                break
+            await asyncio.sleep(0.01)
+        body = json.dumps({"model": "m", "prompt": "shed me", "max_tokens": 8000})
+        url = f"http://{z.listen.address}/v1/completions"
+        async with aiohttp.ClientSession() as session:
+            async with session.post(url, data=body) as answer:
+                assert answer.status == 429
+                assert int(answer.headers["Retry-After"]) >= 1
+                assert int(answer.headers["retry-after-ms"]) > 0
+                assert json.loads(await answer.read())["error"]["type"] == "rate_limit_error"
+        await long

@@ -57,8 +57,8 @@ def test_unknown_meridian_header_is_invalid_naming_it() -> None:
 
 
 def test_openai_completions_prompt_list_and_defaults() -> None:
-    gen = read_openai("/v1/completions", b'{"model": "m", "prompt": ["a", "b"]}', LIMITS)
-    assert (gen.model, gen.prompt, gen.max_tokens) == ("m", "a\nb", 16)
+    gen = read_openai("/v1/completions", b'{"model": "m", "prompt": ["a b"]}', LIMITS)
+    assert (gen.model, gen.prompt, gen.max_tokens) == ("m", "a b", 16)
 
 
 def test_openai_chat_messages_text_and_parts() -> None:
@@ -68,7 +68,8 @@ def test_openai_chat_messages_text_and_parts() -> None:
         b'"content": "hi"}, {"role": "user", "content": ' + parts + b"}]}"
     )
     gen = read_openai("/v1/chat/completions", body, LIMITS)
-    assert (gen.prompt, gen.max_tokens) == ("hi\nyo", 9)
+    # The edge's chat template, so prefix blocks hash as the edge's would.
+    assert (gen.prompt, gen.max_tokens) == ("<|user|>\nhi\n<|user|>\nyo\n<|assistant|>\n", 9)
 
 
 @pytest.mark.parametrize(
