@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import grpc
 import pytest
 from google.protobuf import struct_pb2
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.topology import topology_from_mapping
@@ -19,7 +20,7 @@ from common.gen.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from common.gen.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
 from common.request.v2 import generate_request
 from common.tier.server import TierServer
-from local_lb.ext_proc import ExtProcServer
+from local_lb.ext_proc import HEALTH_NAMES, ExtProcServer
 from local_lb.ext_proc_reply import DESTINATION, LB_NAMESPACE, SERVED, SUBSET, SUBSET_NAMESPACE
 from local_lb.server import build_local_tier
 from local_lb.state import GpuChild
@@ -203,3 +204,20 @@ async def test_a_body_not_buffered_is_refused_naming_the_setting(picker: Picker)
     )
     assert b"BUFFERED" in answer.body
     assert await call.read() is grpc.aio.EOF and picker.held() == 0
+
+
+async def test_health_says_serving_under_the_protocol_names(picker: Picker) -> None:
+    server = next(s for s in picker.tier.services if isinstance(s, ExtProcServer))
+    async with grpc.aio.insecure_channel(server.address) as channel:
+        stub = health_pb2_grpc.HealthStub(channel)
+        for name in HEALTH_NAMES:
+            answer = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
+            assert answer.status == health_pb2.HealthCheckResponse.SERVING
+        for gpu in picker.gpus():  # every GPU down (as failed forwards say): none to name
+            picker.tier.balancer.readiness.request_failed(gpu, "UNAVAILABLE: test")
+        for _ in range(50):
+            answer = await stub.Check(health_pb2.HealthCheckRequest(service="readiness"))
+            if answer.status == health_pb2.HealthCheckResponse.NOT_SERVING:
+                break
+            await asyncio.sleep(0.02)
+        assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING

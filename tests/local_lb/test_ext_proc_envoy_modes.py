@@ -130,3 +130,12 @@ async def test_openai_caller_shed_gets_429_with_retry_after(
                 assert int(answer.headers["retry-after-ms"]) > 0
                 assert json.loads(await answer.read())["error"]["type"] == "rate_limit_error"
         await long
+
+
+async def test_picker_unreachable_is_503(redis_server: EmbeddedRedis, tmp_path: Path) -> None:
+    async with envoy_zone(redis_server.url, tmp_path) as z:
+        await z.picker.stop()  # Envoy's ext_proc filter cannot reach it: status_on_error
+        with pytest.raises(grpc.aio.AioRpcError) as err:
+            await _route(z, "no picker")
+        assert err.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert z.served() == 0
