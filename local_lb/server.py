@@ -32,6 +32,7 @@ from common.tier.wiring import summary_publisher, tier_children
 from local_lb.admin import LocalAdmin, local_admin
 from local_lb.balancer import LocalBalancer
 from local_lb.cost import A100_WORK_PER_S, drain_rps
+from local_lb.ext_proc import extproc_services
 from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.policies import picker_factory
 from local_lb.publication import LateBoundCallback
@@ -341,9 +342,8 @@ def build_local_tier(
     reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
 ) -> TierServer:
-    """The local tier of ``region``/``zone`` as ``topology`` describes it; ``reload_from``
-    re-reads the topology for the Admin API's ReloadTopology; ``telemetry`` replaces the
-    OTel-configured tracing. Serves its regional tier only (mutual TLS); GPUs as they say."""
+    """The zone's local tier (for its regional tier only, mutual TLS; Envoy's endpoint picker
+    too with ``ext_proc``); ``reload_from`` re-reads the topology; ``telemetry``: not OTel's."""
     zone_cfg, tls = topology.zone(region, zone), tier_tls(topology, local(region, zone))
     make_gpu, gpus = zone_gpus(tls, zone_cfg)
     children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
@@ -380,6 +380,7 @@ def build_local_tier(
             monitor,
             Ticker(balancer.refresh_all, topology.health_interval_s / 2),
             Ticker(ejections.poll, topology.health_interval_s / 2),
+            *extproc_services(zone_cfg.ext_proc, balancer, children, topology.limits),
         ],
         tls=tls,
         admission=inner_admission(topology.auth),

@@ -24,6 +24,7 @@ from common.config.access import (
     parse_limits,
     parse_tls,
 )
+from common.config.ext_proc import ExtProcConfig, parse_ext_proc
 from common.config.gpu import GpuConfig, parse_gpu
 from common.config.identity import check_fleet_names
 from common.config.liveness import Liveness, parse_liveness
@@ -46,6 +47,8 @@ class ZoneConfig:
     endpoint: Endpoint
     gpus: tuple[GpuConfig, ...]
     ops: Endpoint | None = None
+    # The endpoint-picker mode for Envoy (common.config.ext_proc); None: off.
+    ext_proc: ExtProcConfig | None = None
 
     @property
     def models(self) -> frozenset[str]:
@@ -304,6 +307,7 @@ def _zone(znode: ConfigNode, region_location: GeoPoint) -> ZoneConfig:
         endpoint=parse_endpoint(znode.get("listen"), znode.key_path("listen")),
         gpus=gpus,
         ops=_ops(znode),
+        ext_proc=parse_ext_proc(znode),
     )
     znode.done()
     return zone
