@@ -54,10 +54,14 @@ async def picker(redis_server: EmbeddedRedis) -> AsyncIterator[Picker]:
     await tier.start()
     server = next(s for s in tier.services if isinstance(s, ExtProcServer))
     try:
-        for _ in range(100):  # the first health checks
+        # The first health checks, and the readiness they feed, all in before a test
+        # starts: one landing later would undo what the test marked down.
+        for _ in range(500):
             if all(g.healthy for g in tier.children.children):
                 break
             await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("the emulated GPUs were not all ready within 10 s")
         async with grpc.aio.insecure_channel(server.address) as channel:
             yield Picker(tier, ep_grpc.ExternalProcessorStub(channel))
     finally:
@@ -213,9 +217,11 @@ async def test_health_says_serving_under_the_protocol_names(picker: Picker) -> N
         for name in HEALTH_NAMES:
             answer = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
-        for gpu in picker.gpus():  # every GPU down (as failed forwards say): none to name
-            picker.tier.balancer.readiness.request_failed(gpu, "UNAVAILABLE: test")
         for _ in range(50):
+            # Every GPU down, as failed forwards say (again each turn: a health watch's
+            # first SERVING arriving late on a busy machine would bring one back).
+            for gpu in picker.gpus():
+                picker.tier.balancer.readiness.request_failed(gpu, "UNAVAILABLE: test")
             answer = await stub.Check(health_pb2.HealthCheckRequest(service="readiness"))
             if answer.status == health_pb2.HealthCheckResponse.NOT_SERVING:
                 break
