@@ -178,7 +178,9 @@ class ChildSet:
     def __iter__(self) -> Iterator[Child]:
         return iter(self.children)
 
-    def _open(self, child: Child) -> grpc.aio.Channel:
+    def _open(self, child: Child) -> grpc.aio.Channel | None:
+        if child.stub is not None and child.channel is None:
+            return None  # it came with a stub of another protocol (an OpenAI GPU): no channel
         channel = dial(child.endpoint.address, child.credentials or self.credentials, self._options)
         self._channels.append(channel)
         child.channel = channel
