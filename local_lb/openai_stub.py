@@ -44,6 +44,7 @@ from local_lb.openai_wire import (
     openai_call,
     parse_json,
     retry_after_ms,
+    stream_error,
     v2_response,
 )
 
@@ -208,7 +209,11 @@ async def sse_pieces(response: aiohttp.ClientResponse, chat: bool) -> AsyncItera
         data = line[5:].strip()
         if data == _DONE:
             return
-        piece = chunk_piece(parse_json(data), chat)
+        doc = parse_json(data)
+        failed = stream_error(doc)
+        if failed is not None:
+            raise _rpc_error(failed[0], f"the GPU failed mid-answer: {failed[1]}")
+        piece = chunk_piece(doc, chat)
         yield piece
         if piece.usage is not None:
             return

@@ -178,6 +178,18 @@ def parse_json(raw: bytes | str) -> dict[str, Any]:
     return doc
 
 
+def stream_error(doc: dict[str, Any]) -> tuple[grpc.StatusCode, str] | None:
+    """An ``{"error": …}`` event in an SSE stream (vLLM sends one when generation fails
+    after the answer began): its code (an HTTP status in ``code``; else INTERNAL) and
+    message; None for an ordinary chunk."""
+    error = doc.get("error")
+    if error is None:
+        return None
+    status = error.get("code") if isinstance(error, dict) else None
+    code = grpc_code(status) if isinstance(status, int) else grpc.StatusCode.INTERNAL
+    return code, error_detail(json.dumps(doc).encode())
+
+
 def _first_choice(doc: dict[str, Any]) -> dict[str, Any] | None:
     choices = doc.get("choices")
     if not isinstance(choices, list):
