@@ -148,7 +148,8 @@ class OpenAIServer:
         for site in list(runner.sites):
             await site.stop()
         if runner.server is not None:
-            await runner.server.shutdown(grace)
+            # aiohttp reads a timeout of 0 as "none": wait for every handler to finish.
+            await runner.server.shutdown(max(grace, 0.001))
         await runner.cleanup()
 
     async def _health(self, request: web.Request) -> web.Response:
