@@ -97,7 +97,9 @@ async def unary(zone: Zone, request: pb.ModelInferRequest) -> tuple[pb.ModelInfe
     return response, dict(await call.trailing_metadata())[ROUTE]
 
 
-async def stream_one(zone: Zone, request: pb.ModelInferRequest) -> list[pb.ModelStreamInferResponse]:
+async def stream_one(
+    zone: Zone, request: pb.ModelInferRequest
+) -> list[pb.ModelStreamInferResponse]:
     call = zone.stub.ModelStreamInfer(timeout=10)
     await call.write(request)
     await call.done_writing()

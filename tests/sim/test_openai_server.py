@@ -79,14 +79,12 @@ async def test_completions_streamed_one_chunk_per_token_then_usage(
 
 async def test_chat_unary_and_streamed(client: openai.AsyncOpenAI) -> None:
     messages = [{"role": "user", "content": "hello there"}]
-    answer = await client.chat.completions.create(
-        model="llama", messages=messages, max_tokens=3  # type: ignore[arg-type]
-    )
+    answer = await client.chat.completions.create(model="llama", messages=messages, max_tokens=3)
     assert answer.choices[0].message.content is not None
     assert len(answer.choices[0].message.content.split()) == 3
     assert answer.usage is not None and answer.usage.prompt_tokens == 3  # "user: hello there"
     stream = await client.chat.completions.create(
-        model="llama", messages=messages, max_tokens=3, stream=True  # type: ignore[arg-type]
+        model="llama", messages=messages, max_tokens=3, stream=True
     )
     pieces = [c.choices[0].delta.content async for c in stream if c.choices]
     assert len("".join(p or "" for p in pieces).split()) == 3
