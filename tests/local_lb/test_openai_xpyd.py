@@ -35,6 +35,7 @@ from sim.worker import ZoneWorkers
 ROOT = Path(__file__).resolve().parents[2]
 XPYD = ROOT / ".venv-xpyd" / "bin" / "xpyd-sim"
 REGION, ZONE = "r", "r-1a"
+FAST = ("--prefill-delay-ms", "1", "--decode-delay-per-token-ms", "2")
 
 pytestmark = pytest.mark.skipif(
     not XPYD.exists(), reason=f"xpyd-sim is not installed ({XPYD}); `make xpyd` installs it"
@@ -53,8 +54,7 @@ def serving(port: int) -> bool:
 def xpyd() -> Iterator[tuple[subprocess.Popen[bytes], int]]:
     port = free_port()
     proc = subprocess.Popen(
-        [str(XPYD), "serve", "--host", "127.0.0.1", "--port", str(port), "--model", "m"]
-        + ["--prefill-delay-ms", "1", "--decode-delay-per-token-ms", "2"],
+        [str(XPYD), "serve", "--host", "127.0.0.1", "--port", str(port), "--model", "m", *FAST],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
