@@ -43,6 +43,7 @@ from common.config.topology import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.tenancy.auth import new_key
+from sim.openai_server import gpu_probe, openai_ready
 
 DEMO_FLEET = Path(__file__).resolve().parent.parent / "deploy" / "demo-fleet.yaml"
 _PR_SET_PDEATHSIG = 1
@@ -349,7 +350,7 @@ class Fleet:
             for z in region.zones:
                 if z.name == zone:
                     dial = GpuCredentials(tier_tls(self.topology, local(region.name, zone)))
-                    probes += [(g.endpoint.address, dial(g)) for g in z.gpus]
+                    probes += [(gpu_probe(g), dial(g)) for g in z.gpus]
         return probes
 
     def answers(self, name: str) -> bool:
@@ -377,7 +378,10 @@ class Fleet:
 def tier_ready(
     address: str, credentials: grpc.ChannelCredentials | None = None, timeout_s: float = 0.5
 ) -> bool:
-    """True when the V2 server at ``address`` answers ServerReady with ready=true."""
+    """True when the V2 server at ``address`` answers ServerReady with ready=true (an
+    ``http://`` address: an OpenAI GPU, when its ``/health`` answers 200)."""
+    if address.startswith("http://"):
+        return openai_ready(address, timeout_s)
     if credentials is None:
         channel = grpc.insecure_channel(address)
     else:

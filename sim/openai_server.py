@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import time
+import urllib.request
 import uuid
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
@@ -272,6 +273,24 @@ def _usage(ask: Completion, generated: int) -> dict[str, int]:
         "completion_tokens": generated,
         "total_tokens": prompt + generated,
     }
+
+
+def gpu_probe(gpu: GpuConfig) -> str:
+    """Where a launcher asks whether an emulated GPU serves: a V2 GPU's address (it asks
+    ServerReady), an OpenAI GPU's ``/health`` URL."""
+    if gpu.protocol == "openai":
+        return f"http://{gpu.endpoint.address}/health"
+    return gpu.endpoint.address
+
+
+def openai_ready(url: str, timeout_s: float) -> bool:
+    """True when ``url`` (an OpenAI server's ``/health``) answers 200 (blocking: for the
+    launcher, outside any event loop)."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as answer:
+            return bool(answer.status == 200)
+    except OSError:
+        return False
 
 
 async def _send(response: web.StreamResponse, doc: dict[str, Any]) -> None:
