@@ -116,8 +116,11 @@ class CapacityPublisher:
                 await backoff.failed(exc)
                 continue
             self._poke.clear()
+            # Not wait_for: on 3.11 it returns the poke when a cancellation lands in the
+            # same loop iteration, and the loop went on past its stop().
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), self.cadence_s)
+                async with asyncio.timeout(self.cadence_s):
+                    await self._poke.wait()
 
 
 class CapacityReader:
