@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from common.basics.backoff import Reconnect
+from common.basics.tasks import cancel_and_wait
 from common.capacity.summary import encode_hint
 from common.gen.meridian.v1 import capacity_pb2
 
@@ -85,9 +86,9 @@ class CapacityPublisher:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Cancelled again until it ends: a cancellation landing inside the Redis
+            # client's call can be swallowed there, and one cancel() then hung stop().
+            await cancel_and_wait([self._task])
         await self.redis.aclose()
 
     def latest_hint(self, model: str) -> str | None:
