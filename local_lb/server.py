@@ -345,12 +345,10 @@ def build_local_tier(
     reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
 ) -> TierServer:
-    """The local tier of ``region``/``zone`` as ``topology`` describes it; ``reload_from``
-    re-reads the topology for the Admin API's ReloadTopology; ``telemetry`` replaces the
-    OTel-configured tracing. Serves its regional tier only (mutual TLS); GPUs as they say."""
+    """The local tier of ``region``/``zone`` as ``topology`` describes it (``reload_from``: for
+    ReloadTopology; ``telemetry``: instead of OTel's). Serves its regional tier only (mTLS)."""
     zone_cfg, tls = topology.zone(region, zone), tier_tls(topology, local(region, zone))
-    pool = OpenAIPool.for_zone(zone_cfg.gpus)  # the HTTP client of its OpenAI GPUs
-    make_gpu, gpus = zone_gpus(tls, zone_cfg, pool)
+    make_gpu, gpus = zone_gpus(tls, zone_cfg, pool := OpenAIPool.for_zone(zone_cfg.gpus))
     children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
     poke_publisher = LateBoundCallback()  # the publisher reads the balancer's queue
     balancer = local_balancer(topology, view, children, policy, poke_publisher)
