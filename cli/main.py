@@ -17,8 +17,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from cli.parser import build_parser
-from common.config.node import ConfigError
-from common.config.topology import Topology, load_topology
+from common.config.ext_proc import ExtProcConfig
+from common.config.node import ConfigError, parse_endpoint
+from common.config.topology import Topology, ZoneConfig, load_topology
 from common.observability.logs import FORMAT_ENV, LEVEL_ENV, LogSettings, configure_logging
 
 
@@ -26,6 +27,8 @@ def _topology(args: argparse.Namespace) -> Topology:
     topology = load_topology(args.config)
     if getattr(args, "redis", None):  # a worker has no --redis
         topology = dataclasses.replace(topology, redis_url=args.redis)
+    if getattr(args, "ext_proc_listen", None):  # meridian local only
+        topology = _with_ext_proc(topology, args)
     return topology
 
 
@@ -66,6 +69,23 @@ def _run_tier(args: argparse.Namespace) -> None:
         await tier.serve_until(stop, grace=args.grace)
 
     asyncio.run(_until_signalled(run))
+
+
+def _with_ext_proc(topology: Topology, args: argparse.Namespace) -> Topology:
+    """``--ext-proc-listen`` over the zone's ``ext_proc`` section (its other keys kept)."""
+    listen = parse_endpoint(args.ext_proc_listen, "--ext-proc-listen")
+
+    def zone(z: ZoneConfig) -> ZoneConfig:
+        config = dataclasses.replace(z.ext_proc, listen=listen) if z.ext_proc else None
+        return dataclasses.replace(z, ext_proc=config or ExtProcConfig(listen))
+
+    regions = tuple(
+        dataclasses.replace(r, zones=tuple(zone(z) if z.name == args.zone else z for z in r.zones))
+        if r.name == args.region
+        else r
+        for r in topology.regions
+    )
+    return dataclasses.replace(topology, regions=regions)
 
 
 def _run_worker(args: argparse.Namespace) -> None:
@@ -125,6 +145,9 @@ def _run_up(args: argparse.Namespace) -> None:
         if fleet.admin_key is not None:
             print(f"admin key {fleet.admin_key}")
         print(f"global     listening {fleet.global_address}  (KServe V2 gRPC, model demo-llm)")
+        if topo.global_tier.openai is not None:
+            url = f"http://{topo.global_tier.openai.endpoint}/v1"
+            print(f"openai     {url}  (OpenAI-compatible HTTP: completions, chat, models)")
         if topo.global_tier.ops is not None:
             print(f"dashboard  http://{topo.global_tier.ops}/  (also /metrics /readyz /api/*)")
         print("ready; Ctrl-C stops everything", flush=True)

@@ -98,6 +98,12 @@ def _server_parsers(sub: Any, env: LogSettings) -> None:
                 default="default",
                 help="GPU picking policy",
             )
+            p.add_argument(
+                "--ext-proc-listen",
+                metavar="HOST:PORT",
+                help="also serve Envoy's ext_proc as the zone's endpoint picker here "
+                "(default: the zone's ext_proc.listen, if any)",
+            )
         p.add_argument("--grace", **grace)
     what = "run one zone's emulated GPU servers"
     p = sub.add_parser("worker", help=what, description=what, formatter_class=HelpFormatter)

@@ -17,6 +17,11 @@ PROTOS = (
     "inference/grpc_service.proto",
     "meridian/v1/capacity.proto",
     "meridian/v1/admin.proto",
+    # Envoy's ext_proc API, for the local tier as an endpoint picker (local_lb.ext_proc).
+    "envoy/config/core/v3/base.proto",
+    "envoy/type/v3/http_status.proto",
+    "envoy/extensions/filters/http/ext_proc/v3/processing_mode.proto",
+    "envoy/service/ext_proc/v3/external_processor.proto",
 )
 GENERATED_SUFFIXES = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
 
@@ -26,6 +31,8 @@ def generate(out_dir: Path) -> list[Path]:
     args = [
         "grpc_tools.protoc",
         f"-Icommon/gen={ROOT / 'proto'}",
+        # The well-known types (google/protobuf/struct.proto, ...) that grpc_tools ships.
+        f"-I{Path(protoc.__file__).parent / '_proto'}",
         f"--python_out={out_dir}",
         f"--pyi_out={out_dir}",
         f"--grpc_python_out={out_dir}",

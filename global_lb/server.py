@@ -18,6 +18,7 @@ from common.operations.ops_http import OpsAdditions
 from common.request.balancer import RankingBalancer
 from common.request.children import Child
 from common.request.forwarding import ForwardingPolicy
+from common.request.openai_http import OpenAIEdge
 from common.request.proxy import TierSpec
 from common.request.resilience import SlowStartConfig
 from common.request.routing import CLIENT_REGION, RouteHints
@@ -97,7 +98,7 @@ def build_global_tier(
         if fleet_view is not None:  # the dashboard shows the fleet the new file names
             fleet_view.follow(new)
 
-    return TierServer(
+    tier = TierServer(
         TierSpec(tier="global", trust_internal=False, resolve_origin=origin),
         ForwardingPolicy(kind="region", per_try=topology.liveness.per_try_timeout),
         regions,
@@ -127,3 +128,7 @@ def build_global_tier(
             guard=AdminGuard(topology.auth),
         ),
     )
+    openai = topology.global_tier.openai
+    if openai is not None:  # OpenAI HTTP beside V2, into the same proxy core
+        tier.services.append(OpenAIEdge(openai, tier.proxy, tier.calls))
+    return tier

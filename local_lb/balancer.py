@@ -179,6 +179,15 @@ class LocalBalancer:
         lease.candidates = len(ranking)
         return lease
 
+    def lease_on(self, gpu: GpuChild, pick: PickRequest) -> Lease:
+        """Count ``pick`` as running on ``gpu``, chosen by someone else: Envoy fell back
+        to it from the GPU this tier chose (``local_lb.ext_proc``). Holds a slot even if
+        the GPU is full, as the request is there; released like any lease."""
+        self.slots.reserve(gpu)
+        lease = self._lease(gpu, pick, breaker=False, tried=(gpu.name,))
+        lease.reason = "data plane fallback"
+        return lease
+
     def _candidates(
         self, pick: PickRequest, tried: Collection[str], ranking: list[Child]
     ) -> Iterator[GpuChild]:
@@ -282,6 +291,7 @@ class LocalBalancer:
             estimated_s=gpu_completion_s(gpu, work, shared),
             expected_s=attempt_expected_s(gpu, work, ahead),
             policy=self.policy_name,
+            cached_blocks=cached,
         )
 
     # ------------------------------------------------------------------ completion side

@@ -4,10 +4,11 @@ A ``BackendMonitor`` polls every GPU on a jittered interval: it scrapes the
 GPU's Prometheus endpoint into the ``LoadBook`` (``local_lb.load_book``, which
 the proxy also feeds from the ``x-meridian-load`` trailer) and checks its
 health through ``common.request.health.HealthChecker`` (grpc.health.v1 plus V2
-ModelReady; for a GPU that speaks OpenAI HTTP, ``local_lb.openai_probe``'s
-``/health`` and ``/v1/models``), handing every ``GpuCheck`` to a callback; the caller decides what
-it means (``local_lb.readiness``: a check that timed out is slowness, not a
-verdict). Its channels run the GPU keepalive, like the ones requests take.
+ModelReady; V2 ServerReady instead for a GPU without grpc.health.v1; for a GPU that
+speaks OpenAI HTTP, ``local_lb.openai_probe``'s ``/health`` and ``/v1/models``), handing
+every ``GpuCheck`` to a callback; the caller decides what it means
+(``local_lb.readiness``: a check that timed out is slowness, not a verdict). Its
+channels run the GPU keepalive, like the ones requests take.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ class BackendMonitor:
         else:
             channel = dial(gpu.address, gpu.credentials, self._channel_options)
             self._channels[gpu.name] = channel
-            health = HealthChecker(channel)
+            health = HealthChecker(channel, name=gpu.name)
         backend = _Backend(gpu, health)
         self._backends[gpu.name] = backend
         self._tasks[gpu.name] = asyncio.create_task(

@@ -5,7 +5,9 @@
 and its own grpc.health status follow). The rules:
 
 1. A health check the GPU answered is its own verdict: SERVING with a model ready
-   is ready; NOT_SERVING, or no model ready, is down at once.
+   is ready; NOT_SERVING, or no model ready, is down at once. A GPU without
+   grpc.health.v1 (MLServer) is checked by V2 ServerReady instead, to the same
+   verdicts (``common.request.health``).
 2. A check whose call failed (refused, reset, closed by keepalive) is down at once.
 3. A check that ran out of time is *slow*, not a verdict: under load the prober's
    own deadline is what fails first. A GPU is down for slowness only after

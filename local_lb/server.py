@@ -32,6 +32,7 @@ from common.tier.wiring import summary_publisher, tier_children
 from local_lb.admin import LocalAdmin, local_admin
 from local_lb.balancer import LocalBalancer
 from local_lb.cost import A100_WORK_PER_S, drain_rps
+from local_lb.ext_proc import extproc_services
 from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.openai_stub import OpenAIPool, stub_for
 from local_lb.policies import picker_factory
@@ -345,8 +346,8 @@ def build_local_tier(
     reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None,
 ) -> TierServer:
-    """The local tier of ``region``/``zone`` as ``topology`` describes it (``reload_from``: for
-    ReloadTopology; ``telemetry``: instead of OTel's). Serves its regional tier only (mTLS)."""
+    """The zone's local tier (for its regional tier only, mutual TLS; Envoy's endpoint picker
+    too with ``ext_proc``); ``reload_from`` re-reads the topology; ``telemetry``: not OTel's."""
     zone_cfg, tls = topology.zone(region, zone), tier_tls(topology, local(region, zone))
     make_gpu, gpus = zone_gpus(tls, zone_cfg, pool := OpenAIPool.for_zone(zone_cfg.gpus))
     children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
@@ -364,14 +365,9 @@ def build_local_tier(
     poke_publisher.connect(publisher.poke)
     ejections = EjectionCounter(balancer.ejected_gpus)
     hooks = LocalAdmin(
-        region=region,
-        zone=zone,
-        children=children,
-        view=view,
-        balancer=balancer,
-        monitor=monitor,
-        make_gpu=make_gpu,
-    )
+        region=region, zone=zone, children=children, view=view, balancer=balancer,
+        monitor=monitor, make_gpu=make_gpu,
+    )  # fmt: skip
     return TierServer(
         TierSpec(tier="local", trust_internal=True, resolve_origin=no_origin),
         local_policy(topology, zone),
@@ -384,6 +380,7 @@ def build_local_tier(
             monitor,
             Ticker(balancer.refresh_all, topology.health_interval_s / 2),
             Ticker(ejections.poll, topology.health_interval_s / 2),
+            *extproc_services(zone_cfg.ext_proc, balancer, children, topology.limits),
         ],
         tls=tls,
         admission=inner_admission(topology.auth),

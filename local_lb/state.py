@@ -284,9 +284,17 @@ class LocalView:
                 pool.discard(gpu)
 
     def reported_requests(self, gpu: GpuChild, now: float) -> float | None:
-        """Running + waiting as the GPU last reported, or None when stale or missing."""
+        """Running + waiting as the GPU last reported, or None when its report went stale.
+
+        A GPU that never reported its load (a stock server with no load trailer and no
+        metric this tier reads, such as MLServer) reads as 0, nothing beyond this tier's
+        own requests in flight (``local_lb.cost`` takes the larger): it is routed by
+        those, since it has no report to go stale, and the stale-report penalty would
+        starve it beside GPUs that do report."""
         sample = self.load.get(gpu.name, now, self.report_max_age_s)
-        return None if sample is None else sample.running + sample.waiting
+        if sample is not None:
+            return sample.running + sample.waiting
+        return 0.0 if gpu.name not in self.load.newest else None
 
     def serving(self, model: str, version: str = "") -> tuple[GpuChild, ...]:
         """GPUs serving ``model`` (at ``version``); cached, the GPU set is fixed."""

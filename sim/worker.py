@@ -363,19 +363,9 @@ async def run_zone_workers(
     await workers.start()
     try:
         for w in workers:
-            fields = {
-                "event": "worker_started",
-                "gpu": w.gpu.name,
-                "address": w.address,
-                "metrics_address": w.metrics_address,
-            }
-            log.info(
-                "worker %s listening %s metrics %s",
-                w.gpu.name,
-                w.address,
-                w.metrics_address,
-                extra=fields,
-            )
+            name, address, metrics = w.gpu.name, w.address, w.metrics_address
+            fields = {"event": "worker_started", "gpu": name, "address": address}
+            log.info("worker %s listening %s metrics %s", name, address, metrics, extra=fields)
         await stop.wait()
     finally:
         await workers.stop()

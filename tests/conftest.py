@@ -40,6 +40,7 @@ def demo_fleet_spec() -> dict[str, Any]:
     spec: dict[str, Any] = yaml.safe_load(DEMO_FLEET.read_text())
     spec["global"]["listen"] = "127.0.0.1:0"
     spec["global"]["ops_listen"] = "127.0.0.1:0"  # and off the demo's fixed ops port 8002
+    spec["global"]["openai_listen"] = "127.0.0.1:0"  # and off its OpenAI HTTP port 8000
     spec["time_scale"] = TEST_TIME_SCALE
     # Routing tests call without API keys; tests/e2e/test_tenants.py turns auth on.
     spec["auth"] = {"enabled": False, "tenants": []}

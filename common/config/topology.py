@@ -24,6 +24,7 @@ from common.config.access import (
     parse_limits,
     parse_tls,
 )
+from common.config.ext_proc import ExtProcConfig, parse_ext_proc
 from common.config.gpu import GpuConfig, parse_gpu
 from common.config.identity import check_fleet_names
 from common.config.liveness import Liveness, parse_liveness
@@ -46,6 +47,8 @@ class ZoneConfig:
     endpoint: Endpoint
     gpus: tuple[GpuConfig, ...]
     ops: Endpoint | None = None
+    # The endpoint-picker mode for Envoy (common.config.ext_proc); None: off.
+    ext_proc: ExtProcConfig | None = None
 
     @property
     def models(self) -> frozenset[str]:
@@ -67,6 +70,19 @@ class RegionConfig:
         return frozenset(m for zone in self.zones for m in zone.models)
 
 
+# How long an OpenAI HTTP request may run (its callers send no deadline).
+DEFAULT_OPENAI_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class OpenAIEdgeConfig:
+    """The global tier's OpenAI-compatible HTTP (``common.request.openai_http``)."""
+
+    endpoint: Endpoint
+    # A request still running after this is cancelled and answered 504.
+    timeout_s: float = DEFAULT_OPENAI_TIMEOUT_S
+
+
 @dataclass(frozen=True)
 class GlobalConfig:
     """The global tier: the client-facing endpoint."""
@@ -75,6 +91,8 @@ class GlobalConfig:
     location: GeoPoint
     # Ops HTTP (/healthz, /readyz, /api/state, /metrics); None: not served.
     ops: Endpoint | None = None
+    # OpenAI-compatible HTTP (``openai_listen``, ``openai_timeout_s``); None: not served.
+    openai: OpenAIEdgeConfig | None = None
 
 
 DEFAULT_TENANT_HEADROOM = 0.7
@@ -133,6 +151,8 @@ class Topology:
     def endpoints(self) -> Iterator[Endpoint]:
         """Every endpoint the topology names (for port resolution and checks)."""
         yield self.global_tier.endpoint
+        if self.global_tier.openai is not None:
+            yield self.global_tier.openai.endpoint
         for region in self.regions:
             yield region.endpoint
             for zone in region.zones:
@@ -244,9 +264,22 @@ def _global(glob: ConfigNode) -> GlobalConfig:
         endpoint=parse_endpoint(glob.get("listen"), glob.key_path("listen")),
         location=_location(glob, "location"),
         ops=_ops(glob),
+        openai=_openai(glob),
     )
     glob.done()
     return global_tier
+
+
+def _openai(glob: ConfigNode) -> OpenAIEdgeConfig | None:
+    """``openai_listen`` (absent: no OpenAI HTTP) and its ``openai_timeout_s``."""
+    text = glob.get("openai_listen", None)
+    timeout = glob.get("openai_timeout_s", DEFAULT_OPENAI_TIMEOUT_S, kind=float)
+    require_positive(glob, "openai_timeout_s", timeout)
+    if text is None:
+        if "openai_timeout_s" in glob.raw:
+            raise ConfigError(f"{glob.key_path('openai_timeout_s')}: set without openai_listen")
+        return None
+    return OpenAIEdgeConfig(parse_endpoint(text, glob.key_path("openai_listen")), timeout)
 
 
 def _region(rnode: ConfigNode) -> RegionConfig:
@@ -274,6 +307,7 @@ def _zone(znode: ConfigNode, region_location: GeoPoint) -> ZoneConfig:
         endpoint=parse_endpoint(znode.get("listen"), znode.key_path("listen")),
         gpus=gpus,
         ops=_ops(znode),
+        ext_proc=parse_ext_proc(znode),
     )
     znode.done()
     return zone

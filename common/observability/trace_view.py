@@ -21,7 +21,7 @@ import math
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from common.observability import tracing as tm
+from common.observability import trace_names as tm
 
 TIER_ORDER = {"global": 0, "regional": 1, "local": 2}
 

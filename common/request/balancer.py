@@ -68,6 +68,8 @@ class Lease:
     # Time spent waiting in a queue before the child was bound.
     queued_s: float | None = None
     policy: str = ""
+    # Prefix blocks the child already holds (a local tier's prefix index says).
+    cached_blocks: int = 0
     # The lease holds a circuit-breaker slot on its child (released with it).
     holds_breaker: bool = False
     span: Span | None = None

@@ -58,6 +58,8 @@ class CallRecord:
     route: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # The request's max_tokens (a stream's own record: 0, its requests have their own).
+    max_tokens: int = 0
     # True once the GPU server's own counts replaced the estimates above (the
     # estimate is prompt words and max_tokens until the answer says otherwise).
     tokens_reported: bool = False
@@ -181,7 +183,7 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
             unary = handler.unary_unary
 
             async def observed_unary(request: Any, context: Any) -> Any:
-                return await self._observe(method, metadata, context, unary(request, context))
+                return await self.observe(method, metadata, context, unary(request, context))
 
             return grpc.unary_unary_rpc_method_handler(
                 observed_unary,
@@ -192,7 +194,7 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
             stream = handler.stream_stream
 
             async def observed_stream(requests: AsyncIterator[Any], context: Any) -> Any:
-                return await self._observe(method, metadata, context, stream(requests, context))
+                return await self.observe(method, metadata, context, stream(requests, context))
 
             return grpc.stream_stream_rpc_method_handler(
                 observed_stream,
@@ -201,13 +203,16 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
             )
         return handler
 
-    async def _observe(
+    async def observe(
         self,
         method: str,
         metadata: Iterable[tuple[str, Any]],
         context: Any,
         handling: Awaitable[Any],
     ) -> Any:
+        """Run ``handling`` (a handler of ``method`` on ``context``) as one observed call.
+        Another front end on the same proxy (the OpenAI edge, ``common.request.openai_http``)
+        calls it too, so its calls are traced, counted and billed like gRPC ones."""
         call = CallRecord(method, metadata, time.monotonic(), report=self._ended)
         token = CURRENT_CALL.set(call)
         for observer in self.observers:

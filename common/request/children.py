@@ -2,8 +2,8 @@
 
 Every tier routes over a ``ChildSet``. It owns one gRPC channel per child, with
 keepalive (a hung child's calls fail UNAVAILABLE and its Watch breaks within
-``time_s + timeout_s``), follows each child's grpc.health.v1 Watch (re-probing
-ServerReady while a child is down; both through ``common.request.health``), and
+``time_s + timeout_s``), follows each child's grpc.health.v1 Watch (or ServerReady
+without one; re-probed while a child is down; ``common.request.health``), and
 takes capacity summaries from the Redis reader. Pickers read ``Child`` state;
 only this module and the proxy core write it.
 """
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
@@ -73,6 +74,8 @@ class Child:
     channel: grpc.aio.Channel | None = field(default=None, repr=False)
     # How to dial this child when it differs from its set's (a GPU that serves TLS).
     credentials: grpc.ChannelCredentials | None = field(default=None, repr=False)
+    # False once its ModelStreamInfer proved not Triton's (common.request.stream_request).
+    streams: bool = True
 
     def fresh_summary(self, now: float, ttl_s: float) -> capacity_pb2.CapacitySummary | None:
         """The summary if younger than ``ttl_s``; a stale one reads as unknown (None)."""
@@ -184,7 +187,7 @@ class ChildSet:
         channel = dial(child.endpoint.address, child.credentials or self.credentials, self._options)
         self._channels.append(channel)
         child.channel, child.stub = channel, pb_grpc.GRPCInferenceServiceStub(channel)
-        self._checkers[child] = HealthChecker(channel)
+        self._checkers[child] = HealthChecker(channel, name=child.name)
 
     def _start_watch(self, child: Child) -> None:
         checker = self._checkers[child]
@@ -363,8 +366,11 @@ class ChildSet:
         checker = self._checkers.get(child)
         if checker is None:  # retired meanwhile
             return
-        ready, reason = await checker.server_ready(timeout_s=max(0.2, self.probe_interval_s))
-        if ready:
+        self._report(child, *await checker.server_ready(max(0.2, self.probe_interval_s)))
+
+    def _report(self, child: Child, healthy: bool, reason: str) -> None:
+        """A health report (a probe, a watch): mark ``child`` up or down."""
+        if healthy:
             self.mark_healthy(child)
         else:
             self.mark_failed(child, reason)
@@ -383,15 +389,8 @@ class ChildSet:
     async def _watch(self, child: Child, checker: HealthChecker) -> None:
         """Follow the child's grpc.health.v1 Watch: a child that stops serving, or whose
         process dies (the stream breaks), is marked down at once. Without a health
-        service the watch ends: the ServerReady probes must do."""
-
-        def report(healthy: bool, reason: str) -> None:
-            if healthy:
-                self.mark_healthy(child)
-            else:
-                self.mark_failed(child, reason)
-
-        await checker.watch(report)
+        service, its ServerReady every probe interval (``HealthChecker.watch``)."""
+        await checker.watch(functools.partial(self._report, child), self.probe_interval_s)
 
 
 async def _idle(child: Child, poll_s: float) -> None:

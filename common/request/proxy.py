@@ -27,7 +27,7 @@ from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.abort import abort_call
 from common.request.balancer import Balancer
-from common.request.call import CallRecord, current_call
+from common.request.call import STREAM_METHOD, CallRecord, current_call
 from common.request.children import ChildSet
 from common.request.forwarding import Forwarder, UnaryAttempt
 from common.request.pick import PickRequest
@@ -40,6 +40,10 @@ from common.request.tokens import TokenCount
 from common.request.v2 import MAX_NAME_CHARS, GenerateRequest, parse_generate
 
 VERSION = "0.1.0"
+
+
+async def _one(request: pb.ModelInferRequest) -> AsyncIterator[pb.ModelInferRequest]:
+    yield request
 
 
 @dataclass(frozen=True)
@@ -153,7 +157,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             hints = call.hints = self.hints(context)
             gen = parse_generate(request, self.limits)
             pick = self.pick_request(gen.model, gen.version, hints, gen)
-            call.prompt_tokens = pick.prompt_tokens
+            call.prompt_tokens, call.max_tokens = pick.prompt_tokens, pick.max_tokens
             release = await self.gate.admit(hints, pick, call)
             try:
                 attempt: UnaryAttempt[pb.ModelInferResponse] = UnaryAttempt("ModelInfer", request)
@@ -196,6 +200,22 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
                 await relay.relay(request_iterator)
             finally:
                 release()
+        except RouteError as err:
+            await self.abort(context, err, call.model)
+
+    async def stream_one(
+        self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
+    ) -> None:
+        """One streamed request from another front end on this proxy (the OpenAI edge's
+        SSE): a ModelStreamInfer of that one request whose failure ends the call with
+        its status (and trailers), as ``x-meridian-single-request`` makes it between
+        tiers, so a refusal before any response is an HTTP status, not a stream event."""
+        call = current_call(STREAM_METHOD, context.invocation_metadata())
+        try:
+            hints = call.hints = self.hints(context)
+            path = self._request_path(hints, context, call)
+            relay = StreamRelay(context, call, path, self.limits, single=True)
+            await relay.relay(_one(request))
         except RouteError as err:
             await self.abort(context, err, call.model)
 

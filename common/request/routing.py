@@ -19,7 +19,7 @@ Format rules, checked before anything else reads a value:
   clients cannot send anything else, but a raw HTTP/2 client can, and gRPC's
   server hands such bytes over as they came; forwarded unchecked, they would
   make the call to the tier below fail inside gRPC;
-* ``traceparent``/``tracestate`` that break the same rule are dropped, not
+* ``traceparent``/``tracestate``/``baggage`` that break the same rule are dropped, not
   refused (W3C Trace Context: a tracer restarts the trace instead);
 * at the edge, an ``x-meridian-*`` key that is neither a client key nor an
   internal one (a typo such as ``x-meridian-prority``, a response trailer such
@@ -55,7 +55,7 @@ SINGLE_REQUEST = "x-meridian-single-request"
 CLIENT_KEYS = frozenset({SESSION, PRIORITY, CLIENT_GEO, CLIENT_REGION})
 INTERNAL_KEYS = frozenset({ORIGIN, ATTEMPT, TENANT, PREFIX_BLOCKS, SINGLE_REQUEST})
 # Passed through to the tier below (and on to the GPU) when present.
-TRACE_KEYS = frozenset({"traceparent", "tracestate"})
+TRACE_KEYS = frozenset({"traceparent", "tracestate", "baggage"})
 PASS_THROUGH = TRACE_KEYS | CLIENT_KEYS
 MERIDIAN_PREFIX = "x-meridian-"
 MAX_VALUE_LEN = 256

@@ -9,6 +9,14 @@ that child stream ends), and its own failover while none of *its* responses went
 back. Its responses are handed to the stream's writer as they arrive
 (``common.request.streaming`` multiplexes them; ids are the caller's own).
 
+**A child whose ModelStreamInfer is not Triton's** (MLServer's answers carry
+``ModelInferResponse`` messages, which parse as a ``ModelStreamInferResponse``
+whose ``error_message`` is the model's name, with unknown fields, or that do not
+parse at all): learned at its first such answer, before anything is written back; that
+request and every later one of a stream go to it as ``ModelInfer``, answered in
+one stream response with the whole text (``Child.streams`` False, logged once as
+``gpu_stream_unary``). The GPU ran that first request twice.
+
 The child stream is marked ``x-meridian-single-request``, and a tier serving a
 stream so marked ends it with the request's status instead of an
 ``error_message``: so a failure below reaches this tier as a status it can fail
@@ -24,12 +32,14 @@ streamed, or its ``max_tokens`` when it asked for ``stream: false``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from google.protobuf.unknown_fields import UnknownFieldSet
 
 from common.basics.errors import RouteError
 from common.gen.inference import grpc_service_pb2 as pb
@@ -40,6 +50,8 @@ from common.request.pick import PickRequest
 from common.request.routing import SINGLE_REQUEST
 from common.request.tokens import TokenCount
 from common.request.v2 import GenerateRequest, wants_stream
+
+log = logging.getLogger(__name__)
 
 # Gives back what admitting a request took (a tenant's concurrency slot).
 Release = Callable[[], None]
@@ -68,10 +80,15 @@ class StreamRequestAttempt:
     # When (monotonic) the first response carrying output was written back.
     first_response_at: float | None = None
 
+    # Served by ModelInfer, in one response (a child whose stream is not Triton's).
+    whole: bool = False
+
     async def send(
         self, child: Child, metadata: Metadata, timeout: float | None
     ) -> tuple[None, Any]:
         assert child.stub is not None
+        if not child.streams:
+            return await self._send_unary(child, metadata, timeout)
         call = child.stub.ModelStreamInfer(
             iter((self.request,)),
             metadata=[*metadata, (SINGLE_REQUEST, "1")],
@@ -79,21 +96,60 @@ class StreamRequestAttempt:
         )
         try:
             async for response in call:
-                self.committed = True  # a response goes back: no failover from here on
-                if response.error_message:
-                    self.error = response.error_message
-                else:
-                    self.count.add(response.infer_response)
-                    if len(response.infer_response.outputs):
-                        self.tokens += 1
-                await self.write(response)
-                if self.first_response_at is None and self.tokens:
-                    self.first_response_at = time.monotonic()
-            return None, await call.trailing_metadata()
+                if not self.committed and _foreign(response):
+                    break
+                await self._relay(response)
+            else:
+                return None, await call.trailing_metadata()
         finally:
             # Abandoned (the stream ended, a write timed out): the child, and the GPU
             # below it, stop too. A no-op once the call is done.
             call.cancel()
+        _learn_unary(child)
+        return await self._send_unary(child, metadata, timeout)
+
+    async def _relay(self, response: pb.ModelStreamInferResponse) -> None:
+        self.committed = True  # a response goes back: no failover from here on
+        if response.error_message:
+            self.error = response.error_message
+        else:
+            self.count.add(response.infer_response)
+            if len(response.infer_response.outputs):
+                self.tokens += 1
+        await self.write(response)
+        if self.first_response_at is None and self.tokens:
+            self.first_response_at = time.monotonic()
+
+    async def _send_unary(
+        self, child: Child, metadata: Metadata, timeout: float | None
+    ) -> tuple[None, Any]:
+        """The request as ModelInfer, its answer as one stream response."""
+        assert child.stub is not None
+        call = child.stub.ModelInfer(self.request, metadata=metadata, timeout=timeout)
+        response = await call
+        self.whole = True
+        await self._relay(pb.ModelStreamInferResponse(infer_response=response))
+        return None, await call.trailing_metadata()
+
+
+def _foreign(response: pb.ModelStreamInferResponse | None) -> bool:
+    """A stream answer that is no ModelStreamInferResponse: MLServer's ModelInferResponse
+    (its model name read as ``error_message``, the rest unknown fields; None when it did
+    not parse at all, which grpc.aio logs). Checked on a child's first answer only."""
+    if response is None:
+        return True
+    return bool(response.error_message) and len(UnknownFieldSet(response)) > 0
+
+
+def _learn_unary(child: Child) -> None:
+    if child.streams:
+        child.streams = False
+        log.warning(
+            "%s answers ModelStreamInfer with no ModelStreamInferResponse (not Triton's "
+            "stream: MLServer?): its stream requests go as ModelInfer, one response each",
+            child.name,
+            extra={"event": "gpu_stream_unary", "child": child.name},
+        )
 
 
 @dataclass(frozen=True)
@@ -141,7 +197,7 @@ class StreamRequest:
         record.model = self.request.model_name
         gen = self.path.parse(self.request)
         self.pick = pick = self.path.pick(gen)
-        record.prompt_tokens = pick.prompt_tokens
+        record.prompt_tokens, record.max_tokens = pick.prompt_tokens, pick.max_tokens
         release = await self.path.admit(pick, record)
         try:
             _, record.route = await self.path.forward(self.attempt, pick)
@@ -159,7 +215,7 @@ class StreamRequest:
         """The estimate where the GPU reported nothing: token responses it got when
         streamed; ``max_tokens`` once answered with ``stream: false`` (one response
         carries the whole text)."""
-        if wants_stream(self.request):
+        if wants_stream(self.request) and not self.attempt.whole:
             return self.attempt.tokens
         served = self.record.code == grpc.StatusCode.OK and self.attempt.tokens > 0
         return self.pick.max_tokens if served and self.pick is not None else 0
@@ -168,7 +224,7 @@ class StreamRequest:
         """Hand the finished request's record to the stream's observers."""
         record = self.record
         self.attempt.count.fill(record, completion_estimate=self.completion_tokens())
-        record.streamed = wants_stream(self.request)
+        record.streamed = wants_stream(self.request) and not self.attempt.whole
         if self.attempt.first_response_at is not None:
             record.first_response_s = self.attempt.first_response_at - record.started
         self.stream.request_ended(record)

@@ -166,6 +166,7 @@ class UsageRecorder:
         self._wake = asyncio.Event()
         self._lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
+        self._stopping = False
 
     @property
     def pending(self) -> int:
@@ -198,6 +199,7 @@ class UsageRecorder:
 
     async def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the background task, flush what can be written within ``timeout_s``, close."""
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
@@ -264,11 +266,15 @@ class UsageRecorder:
 
     async def _run(self) -> None:
         backoff = redis_backoff(f"usage recorder {self.stream}")
-        while True:
+        # Not ``while True``: a cancellation can be lost on its way in (Python 3.11's
+        # wait_for and Redis clients swallow one that races a result), so stop() also
+        # says so here, and the loop ends within one flush interval whatever happened.
+        while not self._stopping:
             if len(self._buffer) < self.batch_size:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.flush_interval_s)
+                    async with asyncio.timeout(self.flush_interval_s):
+                        await self._wake.wait()
             try:
                 await self.flush()
                 backoff.succeeded()

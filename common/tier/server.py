@@ -121,9 +121,10 @@ class TierServer:
         add_redis_metrics(self.metrics, self._redis_clients())
         if self.admission is not None and self.admission.usage is not None:
             add_usage_metrics(self.metrics, self.admission.usage)
-        tracing = TierTracing(
-            self.telemetry.tracer if self.telemetry is not None else trace.NoOpTracer(),
-            self.spec.tier,
+        self.tracing = tracing = (
+            TierTracing(trace.NoOpTracer(), self.spec.tier)
+            if self.telemetry is None
+            else TierTracing(self.telemetry.tracer, self.spec.tier, self.telemetry.propagator)
         )
         self.forwarder = Forwarder(
             self.policy,
@@ -189,13 +190,15 @@ class TierServer:
         edge = not self.spec.trust_internal  # the tier clients call
         # The parent check runs inside the call interceptor, so a refused call is still
         # traced and counted (common.request.peers: an inner tier serves only its parent).
+        # Kept: another front end on the proxy (the OpenAI edge) observes its calls with it.
+        self.calls = CallInterceptor(observers)
         return V2Server(
             self.proxy,
             self.endpoint,
             credentials=tier_server_credentials(self.tls, edge=edge),
             limits=self.limits,
             interceptors=[
-                CallInterceptor(observers),
+                self.calls,
                 *parent_only(None if self.tls is None or edge else self.tls.identity),
             ],
             keepalive=self.keepalive,
@@ -230,6 +233,7 @@ class TierServer:
         for service in self.services:
             await service.start()
         await self.server.start()
+        self.tracing.serve_at(self.endpoint.host, self.server.port)
         if self.ops_server is not None:
             await self.ops_server.start()
         self._ready = self.children.any_healthy()

@@ -239,6 +239,6 @@ async def test_stream_false_is_billed_its_max_tokens_and_a_streamed_one_its_toke
     ]
     # One trace for the stream, its requests' decisions under the stream's span.
     [spans] = fleet.recent.traces().values()
-    [server] = [s for s in spans if s.name == "ModelStreamInfer" and s.parent is None]
+    [server] = [s for s in spans if s.name == tm.span_name("ModelStreamInfer") and s.parent is None]
     picks = [s for s in spans if s.name == "pick" and s.parent == server.context]
     assert len(picks) == 2

@@ -217,7 +217,7 @@ async def test_a_stream_is_one_trace(chain: Chain) -> None:
     assert len(traces) == 1
     spans = next(iter(traces.values()))
     links = _check_chain(spans)
-    assert links["local"].name == "ModelStreamInfer"
+    assert links["local"].name == "inference.GRPCInferenceService/ModelStreamInfer"
 
 
 @pytest.mark.parametrize("max_concurrency", [1])

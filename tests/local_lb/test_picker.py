@@ -128,6 +128,17 @@ def test_stale_report_is_not_read_as_idle() -> None:
     assert names(picker(view).rank(request(), view.free[M], 10.0))[0] == "fresh"
 
 
+def test_a_gpu_that_never_reports_load_is_routed_by_our_own_in_flight() -> None:
+    """A stock server (MLServer: no load trailer, no metric this tier reads) beside GPUs
+    that report: it is no stale report, so no penalty, only what this tier sent it."""
+    silent, busy = gpu("silent"), gpu("busy", requests=1)
+    view = LocalView((silent, busy), report_max_age_s=2.0)
+    view.load.update("busy", LoadSample(1, 0, 0.1, taken_at=10.0, source="trailer"))
+    assert names(picker(view).rank(request(), view.free[M], 10.0))[0] == "silent"
+    silent.outstanding_requests = 2  # ours: now it is the busier one
+    assert names(picker(view).rank(request(), view.free[M], 10.0))[0] == "busy"
+
+
 def test_foreign_load_reported_by_the_gpu_counts() -> None:
     ours_only, shared = gpu("ours"), gpu("shared")
     view = LocalView((ours_only, shared))

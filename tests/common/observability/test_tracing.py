@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
+import time
+from typing import Any
 
 import grpc
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
+from opentelemetry.trace import SpanKind
 
+from common.config.node import ConfigError, Endpoint
 from common.observability import tracing as tm
+from common.observability.otel_env import build_propagator
+from common.request.balancer import Lease
+from common.request.call import CallRecord
+from common.request.children import Child
 
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 PARENT = "00f067aa0ba902b7"
@@ -127,12 +139,13 @@ def test_sdk_disabled_gives_a_no_op_tracer(monkeypatch) -> None:  # type: ignore
     telemetry.shutdown()  # nothing to flush, no error
 
 
-def test_otlp_endpoint_exports_instead_of_keeping_spans(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+def test_otlp_endpoint_exports_and_still_keeps_recent_spans(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # Nothing listens there: the batch exporter only tries when flushed.
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://127.0.0.1:1")
     monkeypatch.setenv("OTEL_EXPORTER_OTLP_TIMEOUT", "1")
     telemetry = tm.setup_tracing("svc")
-    assert telemetry.exporting and telemetry.recent is None
+    # /api/traces (and the dashboard) keep working while spans go to a collector.
+    assert telemetry.exporting and telemetry.recent is not None
     telemetry.shutdown()
 
 
@@ -171,3 +184,178 @@ def test_a_sampled_out_request_passes_its_decision_down(monkeypatch) -> None:  #
     (sent,) = tm.inject_context([], span)
     assert sent[0] == "traceparent"
     assert int(sent[1].rsplit("-", 1)[1], 16) & 1 == 0  # the sampled flag is off
+
+
+# ---------------------------------------------------------------- conventions
+
+
+def _lease(name: str = "g1", port: int = 7001) -> Lease:
+    child = Child(name, Endpoint("127.0.0.1", port), frozenset({"m"}))
+    return Lease(child, 1.0, 0.0, model="m", max_tokens=8, reason="prefix", cached_blocks=3)
+
+
+def _call(tracing: tm.TierTracing, **fields: Any) -> CallRecord:
+    call = CallRecord("ModelInfer", [("traceparent", TRACEPARENT)], time.monotonic())
+    tracing.call_started(call)
+    for key, value in fields.items():
+        setattr(call, key, value)
+    return call
+
+
+def test_a_call_gets_rpc_and_gen_ai_attributes_under_the_conventional_name() -> None:
+    telemetry = tm.setup_tracing("svc")
+    tracing = tm.TierTracing(telemetry.tracer, "local", telemetry.propagator)
+    tracing.serve_at("127.0.0.1", 9001)
+    call = _call(tracing, model="m", prompt_tokens=5, completion_tokens=7, max_tokens=16)
+    call.route, call.code = "eu-1a/g1", grpc.StatusCode.OK
+    lease = _lease()
+    started = tracing.decision_started(call.span)
+    tracing.record_decision(call.span, started, lease)
+    tracing.begin_attempt("ModelInfer", lease, 1, call.span)
+    tracing.end_attempt(lease, grpc.StatusCode.OK, "", 0.25)
+    tracing.call_ended(call)
+    assert telemetry.recent is not None
+    spans = {s.name: s for s in telemetry.recent.spans() if s.kind != SpanKind.CLIENT}
+    (client,) = [s for s in telemetry.recent.spans() if s.kind == SpanKind.CLIENT]
+    server = spans["inference.GRPCInferenceService/ModelInfer"]
+    assert client.name == server.name
+    assert dict(server.attributes or {}) == {
+        "meridian.tier": "local",
+        "rpc.system": "grpc",
+        "rpc.service": "inference.GRPCInferenceService",
+        "rpc.method": "ModelInfer",
+        "server.address": "127.0.0.1",
+        "server.port": 9001,
+        "gen_ai.request.model": "m",
+        "gen_ai.request.max_tokens": 16,
+        "gen_ai.usage.input_tokens": 5,
+        "gen_ai.usage.output_tokens": 7,
+        "meridian.usage.estimated": True,
+        "meridian.route.zone": "eu-1a",
+        "meridian.route.gpu": "g1",
+        "meridian.tenant": "anonymous",
+        "rpc.grpc.status_code": 0,
+        "rpc.response.status_code": "OK",
+    }
+    assert dict(client.attributes or {}) == {
+        "rpc.system": "grpc",
+        "rpc.service": "inference.GRPCInferenceService",
+        "rpc.method": "ModelInfer",
+        "server.address": "127.0.0.1",
+        "server.port": 7001,
+        "meridian.child": "g1",
+        "meridian.attempt.index": 1,
+        "meridian.attempt.actual_s": 0.25,
+        "rpc.grpc.status_code": 0,
+        "rpc.response.status_code": "OK",
+    }
+    assert dict(spans["pick"].attributes or {}) == {
+        "meridian.child": "g1",
+        "meridian.decision.reason": "prefix",
+        "meridian.decision.candidates": 0,
+        "meridian.decision.cached_blocks": 3,
+    }
+
+
+def test_reported_token_counts_are_not_marked_estimated() -> None:
+    telemetry = tm.setup_tracing("svc")
+    tracing = tm.TierTracing(telemetry.tracer, "global")
+    call = _call(tracing, prompt_tokens=3, completion_tokens=2, tokens_reported=True)
+    call.code = grpc.StatusCode.OK
+    tracing.call_ended(call)
+    assert telemetry.recent is not None
+    (server,) = telemetry.recent.spans()
+    assert (server.attributes or {})["meridian.usage.estimated"] is False
+
+
+class DropAll(Sampler):
+    """Drops every span, keeping the attributes each start was handed."""
+
+    def __init__(self) -> None:
+        self.handed: list[object] = []
+
+    def should_sample(self, *args: Any, **kwargs: Any) -> SamplingResult:
+        attributes = kwargs["attributes"] if "attributes" in kwargs else args[4]
+        self.handed.append(attributes)
+        return SamplingResult(Decision.DROP)
+
+    def get_description(self) -> str:
+        return "DropAll"
+
+
+def test_a_dropped_request_builds_no_attributes() -> None:
+    sampler = DropAll()
+    tracing = tm.TierTracing(TracerProvider(sampler=sampler).get_tracer("t"), "local")
+    tracing.serve_at("127.0.0.1", 9001)
+    spans = [tracing.server_span("ModelInfer", [("traceparent", TRACEPARENT)]) for _ in range(3)]
+    assert not any(span.is_recording() for span in spans)
+    # Every start was handed the one dict built when the tier started serving.
+    assert len(sampler.handed) == 3 and all(a is sampler.handed[0] for a in sampler.handed)
+    lease = _lease()
+    assert tracing.decision_started(spans[0]) == 0
+    tracing.begin_attempt("ModelInfer", lease, 0, spans[0])
+    assert lease.span is None and len(sampler.handed) == 3
+
+
+def test_the_console_exporter_writes_each_span_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_TRACES_EXPORTER", "console")
+    out = io.StringIO()
+    telemetry = tm.setup_tracing("meridian-local", out=out)
+    assert telemetry.exporting
+    tracing = tm.TierTracing(telemetry.tracer, "local")
+    call = _call(tracing, model="m", prompt_tokens=2, completion_tokens=4)
+    call.code = grpc.StatusCode.OK
+    tracing.call_ended(call)
+    telemetry.shutdown()  # flushes the batch
+    decoder, text, printed = json.JSONDecoder(), out.getvalue(), []
+    while text.strip():
+        span, end = decoder.raw_decode(text.lstrip())
+        printed.append(span)
+        text = text.lstrip()[end:]
+    (span,) = printed
+    assert span["name"] == "inference.GRPCInferenceService/ModelInfer"
+    assert span["kind"] == "SpanKind.SERVER"
+    assert span["context"]["trace_id"] == f"0x{TRACE}"
+    assert span["attributes"]["rpc.system"] == "grpc"
+    assert span["attributes"]["gen_ai.usage.output_tokens"] == 4
+    assert span["resource"]["attributes"]["service.name"] == "meridian-local"
+
+
+def test_a_bad_variable_fails_the_set_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OTEL_PROPAGATORS", "xray")
+    with pytest.raises(ConfigError, match="OTEL_PROPAGATORS: unknown value 'xray'"):
+        tm.setup_tracing("svc")
+
+
+# ---------------------------------------------------------------- propagators
+
+B3_TRACE, B3_SPAN = "80f198ee56343ba864fe8b2a57d3eff7", "e457b5a2e4d86bd1"
+
+
+def test_b3_single_header_extracted_and_injected_in_its_place() -> None:
+    b3 = build_propagator(("b3",))
+    parent = tm.extract_context([("b3", f"{B3_TRACE}-{B3_SPAN}-1")], b3)
+    telemetry = tm.setup_tracing("svc")
+    span = telemetry.tracer.start_span("server", context=parent)
+    assert format(span.get_span_context().trace_id, "032x") == B3_TRACE
+    # A traceparent the caller also sent goes no further: the tier below reads b3.
+    sent = dict(tm.inject_context([("traceparent", TRACEPARENT), ("x-k", "v")], span, b3))
+    own = format(span.get_span_context().span_id, "016x")
+    assert sent == {"x-k": "v", "b3": f"{B3_TRACE}-{own}-1"}
+
+
+def test_b3_multi_headers_round_trip() -> None:
+    b3 = build_propagator(("b3multi",))
+    incoming = [("x-b3-traceid", B3_TRACE), ("x-b3-spanid", B3_SPAN), ("x-b3-sampled", "1")]
+    span = tm.setup_tracing("svc").tracer.start_span("s", context=tm.extract_context(incoming, b3))
+    sent = dict(tm.inject_context(list(incoming), span, b3))
+    assert sent["x-b3-traceid"] == B3_TRACE
+    assert sent["x-b3-spanid"] == format(span.get_span_context().span_id, "016x")
+
+
+def test_baggage_goes_down_only_with_the_baggage_propagator() -> None:
+    span = tm.setup_tracing("svc").tracer.start_span("s")
+    metadata = [("traceparent", TRACEPARENT), ("baggage", "team=infra")]
+    assert dict(tm.inject_context(metadata, span))["baggage"] == "team=infra"
+    only_w3c = build_propagator(("tracecontext",))
+    assert "baggage" not in dict(tm.inject_context(metadata, span, only_w3c))

@@ -17,12 +17,14 @@ from typing import Any
 import aiohttp
 import grpc
 import pytest
+from opentelemetry.trace import SpanKind
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.observability import tracing as tm
+from common.observability.trace_names import span_name
 from common.request.balancer import RankingBalancer
 from common.request.children import Child, ChildSet
 from common.request.forwarding import ForwardingPolicy
@@ -147,7 +149,9 @@ async def test_a_streamed_request_has_time_to_first_token_and_per_output_token(
 async def test_openmetrics_carries_the_trace_id_of_the_call_as_exemplar(live: Live) -> None:
     await live.stub.ModelInfer(generate_request(MODEL, "hello", 4), timeout=5)
     assert live.telemetry.recent is not None
-    [span] = [s for s in live.telemetry.recent.spans() if s.name == "ModelInfer"]
+    # The server span (the client span to the child bears the same conventional name).
+    name, server = span_name("ModelInfer"), SpanKind.SERVER
+    [span] = [s for s in live.telemetry.recent.spans() if s.name == name and s.kind == server]
     trace_id = format(span.get_span_context().trace_id, "032x")
     content_type, text = await live.scrape(OPENMETRICS)
     assert content_type.startswith("application/openmetrics-text; version=1.0.0")

@@ -1,7 +1,14 @@
-"""ChildSet: summaries per replica, staleness, hints, change notifications."""
+"""ChildSet: summaries per replica, staleness, hints, change notifications, health."""
+
+import asyncio
+import time
+
+import grpc
 
 from common.capacity.summary import decode_hint, encode_hint
 from common.config.node import Endpoint
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.children import Child, ChildSet
 
@@ -98,3 +105,42 @@ def test_changes_held_for_a_block_are_told_once_and_only_if_any() -> None:
     with children.changes():
         children.mark_failed(zone, "still down")  # no transition
     assert heard == [1]
+
+
+class NoHealth(pb_grpc.GRPCInferenceServiceServicer):
+    """A V2 server with no grpc.health.v1: ServerReady as ``ready`` says."""
+
+    ready = True
+
+    async def ServerReady(self, request: object, context: object) -> pb.ServerReadyResponse:
+        return pb.ServerReadyResponse(ready=self.ready)
+
+
+async def test_a_child_without_grpc_health_is_followed_by_server_ready() -> None:
+    """Its Watch answers UNIMPLEMENTED: ServerReady every probe interval marks it down
+    when it says not ready, and up again (a watch that just ended saw neither)."""
+    servicer = NoHealth()
+    server = grpc.aio.server()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    child = Child(name="z", endpoint=Endpoint("127.0.0.1", port), models=frozenset({M}))
+    children = ChildSet([child], probe_interval_s=0.05, summary_ttl_s=1.5)
+
+    async def until(healthy: bool) -> None:
+        deadline = time.monotonic() + 3.0
+        while child.healthy is not healthy:
+            assert time.monotonic() < deadline, child
+            await asyncio.sleep(0.01)
+
+    try:
+        await children.start()
+        await until(True)
+        servicer.ready = False
+        await until(False)
+        assert child.last_error == "probe: ServerReady says not ready"
+        servicer.ready = True
+        await until(True)
+    finally:
+        await children.stop()
+        await server.stop(0)

@@ -104,6 +104,7 @@ class GpuCase:
     reason: str
     with_health: bool = True
     answered: bool = True  # the server's own verdict (else its call failed)
+    server_ready: bool = True
 
 
 GPU_CASES = {
@@ -133,9 +134,18 @@ GPU_CASES = {
         {V2_SERVICE: SERVING}, frozenset({"a"}), frozenset(), False,
         "SERVING but no model ready (no models configured)",
     ),
-    "no-health-service": GpuCase(
-        {}, frozenset({"a"}), frozenset({"a"}), False, "health check: UNIMPLEMENTED: ",
-        with_health=False, answered=False,
+    # Without grpc.health.v1 (MLServer): ServerReady, then ModelReady.
+    "no-health-service-ready": GpuCase(
+        {}, frozenset({"a"}), frozenset({"a", "b"}), True, "ServerReady, 1/2 models ready",
+        with_health=False,
+    ),
+    "no-health-service-server-not-ready": GpuCase(
+        {}, frozenset({"a"}), frozenset({"a"}), False, "ServerReady: not ready",
+        with_health=False, server_ready=False,
+    ),
+    "no-health-service-no-model-ready": GpuCase(
+        {}, frozenset(), frozenset({"a"}), False, "ServerReady but no model ready (a: not ready)",
+        with_health=False,
     ),
 }  # fmt: skip
 
@@ -147,6 +157,7 @@ async def test_check_gpu(case: GpuCase, endpoints: Make) -> None:
         assert endpoint.health is not None
         await endpoint.health.set(service, status)
     endpoint.v2.ready_models = set(case.ready)
+    endpoint.v2.server_ready = case.server_ready
     check = await endpoint.checker().check_gpu(case.models, timeout_s=1.0)
     healthy, reason, ready = check.healthy, check.reason, check.ready
     assert healthy is case.healthy
@@ -155,7 +166,7 @@ async def test_check_gpu(case: GpuCase, endpoints: Make) -> None:
         assert reason.startswith(case.reason), reason
     else:
         assert reason == case.reason
-    assert ready == (case.ready & case.models if reason.startswith("SERVING") else frozenset())
+    assert ready == (case.ready & case.models if healthy else frozenset())
 
 
 async def test_check_gpu_of_a_dead_endpoint_is_unavailable_within_the_timeout() -> None:

@@ -172,6 +172,24 @@ async def test_stop_flushes_what_is_buffered(
     assert sync_redis.xlen(stream) == 10
 
 
+async def test_stop_ends_the_recorder_when_a_full_batch_wakes_it_as_it_is_cancelled(
+    redis_server: EmbeddedRedis, stream: str, sync_redis: redis.Redis
+) -> None:
+    """A full batch wakes the recorder in the same loop turn as stop() cancels it:
+    Python 3.11's wait_for took the wake-up and dropped the cancellation, and stop()
+    waited for ever (the OpenAI edge's tests met it at teardown)."""
+    recorder = UsageRecorder(redis_server.url, stream=stream, batch_size=2, flush_interval_s=60)
+    recorder.start()
+    await asyncio.sleep(0.05)  # the recorder waits for a batch
+    recorder.record(make_record(0))
+    recorder.record(make_record(1))  # a full batch: wake
+    started = time.monotonic()
+    async with asyncio.timeout(5):  # (a second cancellation, its own, would get through)
+        await recorder.stop()
+    assert time.monotonic() - started < 2, "stop() waited on a recorder that kept running"
+    assert sync_redis.xlen(stream) == 2
+
+
 async def test_time_window_is_half_open_on_finished_at(
     redis_server: EmbeddedRedis, stream: str
 ) -> None:

@@ -8,6 +8,8 @@ from dataclasses import dataclass
 
 import grpc
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
+from opentelemetry.trace import SpanKind
 
 from common.basics.redis_embed import EmbeddedRedis
 from common.config.access import AuthConfig, TenantConfig
@@ -82,6 +84,12 @@ async def edge(redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> 
         await child.stop(0)
 
 
+def server_spans(edge: Edge, method: str) -> list[ReadableSpan]:
+    assert edge.telemetry.recent is not None
+    spans = edge.telemetry.recent.spans()
+    return [s for s in spans if s.name == tm.span_name(method) and s.kind == SpanKind.SERVER]
+
+
 def requests_counted(tier: TierServer) -> dict[tuple[str, ...], float]:
     return counter_values(tier.metrics.requests, REQUEST_LABELS)
 
@@ -93,7 +101,7 @@ async def test_the_edge_counts_traces_and_bills_the_authenticated_tenant(
     await edge.stub.ModelInfer(request, metadata=[("authorization", "Bearer mk_acme")], timeout=5)
     assert requests_counted(edge.tier) == {("global", MODEL, "OK", "acme"): 1.0}
     assert edge.telemetry.recent is not None
-    [server_span] = [s for s in edge.telemetry.recent.spans() if s.name == "ModelInfer"]
+    [server_span] = server_spans(edge, "ModelInfer")
     assert server_span.attributes is not None
     assert server_span.attributes[tm.TENANT] == "acme"
     assert server_span.attributes[tm.GPU] == "us-east"
@@ -116,7 +124,7 @@ async def test_an_unknown_key_is_unauthenticated_counted_without_a_tenant_and_no
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
     assert requests_counted(edge.tier) == {("global", MODEL, "UNAUTHENTICATED", "-"): 1.0}
     assert edge.telemetry.recent is not None
-    [server_span] = [s for s in edge.telemetry.recent.spans() if s.name == "ModelInfer"]
+    [server_span] = server_spans(edge, "ModelInfer")
     trace_id = format(server_span.get_span_context().trace_id, "032x")
     await edge.stop()
     assert records_with(redis_server, trace_id) == []
@@ -140,7 +148,7 @@ async def test_the_edge_counts_and_bills_each_request_of_a_stream(
     streams = counter_values(edge.tier.metrics.streams, STREAM_LABELS)
     assert streams == {("global", "OK", "acme"): 1.0}
     assert edge.telemetry.recent is not None
-    [server_span] = [s for s in edge.telemetry.recent.spans() if s.name == "ModelStreamInfer"]
+    [server_span] = server_spans(edge, "ModelStreamInfer")
     trace_id = format(server_span.get_span_context().trace_id, "032x")
     await edge.stop()
     records = records_with(redis_server, trace_id)

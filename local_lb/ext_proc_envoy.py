@@ -1,0 +1,264 @@
+"""An Envoy bootstrap that puts a zone's endpoint picker in front of its GPUs.
+
+Envoy listens for callers, asks the picker (ext_proc, ``local_lb.ext_proc``)
+where each request goes, and carries it there itself. Two shapes of GPU cluster:
+
+* ``override_host`` (the default, and what the Gateway API Inference Extension
+  recommends): a cluster that lists the zone's GPUs, with Envoy's
+  ``envoy.load_balancing_policies.override_host`` policy reading the picker's
+  answer (metadata ``envoy.lb`` / ``x-gateway-destination-endpoint``, then the
+  header). It walks the comma-separated list on retries, so a GPU that refuses
+  the connection is replaced by the next one at once, and writes the endpoint
+  that served into ``x-gateway-destination-endpoint-served`` for the picker;
+* ``original_dst``: an ORIGINAL_DST cluster reading the destination header
+  (``use_http_header``), for GPUs Envoy is not told about. Envoy 1.40 reads
+  exactly one ``ip:port`` from that header (a list is no address: the request
+  fails with "no healthy upstream"), so the zone's picker must answer with
+  ``ext_proc.fallbacks: 0``; the route reports the served endpoint as a response
+  header (``%UPSTREAM_REMOTE_ADDRESS%``).
+
+``deploy/envoy/`` holds both, rendered for the example addresses there; the
+end-to-end tests and ``bench/extproc.py`` render them for their own ports.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import yaml
+
+from common.config.node import Endpoint
+from local_lb.ext_proc_reply import DESTINATION, LB_NAMESPACE, SERVED, SUBSET, SUBSET_NAMESPACE
+
+HCM = "type.googleapis.com/envoy.extensions.filters.network.http_connection_manager.v3"
+EXT_PROC = "type.googleapis.com/envoy.extensions.filters.http.ext_proc.v3.ExternalProcessor"
+HTTP_OPTIONS = "envoy.extensions.upstreams.http.v3.HttpProtocolOptions"
+OVERRIDE_HOST = (
+    "type.googleapis.com/envoy.extensions.load_balancing_policies.override_host.v3.OverrideHost"
+)
+ROUND_ROBIN = (
+    "type.googleapis.com/envoy.extensions.load_balancing_policies.round_robin.v3.RoundRobin"
+)
+SET_METADATA = "type.googleapis.com/envoy.extensions.filters.http.set_metadata.v3.Config"
+# A request body Envoy holds for the picker (BUFFERED): the tiers' 4 MiB message limit
+# plus headroom; beyond it Envoy answers 413 itself.
+BUFFER_LIMIT_BYTES = 4 * 1024 * 1024 + 64 * 1024
+# Envoy waits this long for each picker answer; ext_proc.max_wait_s stays below it.
+MESSAGE_TIMEOUT = "10s"
+
+
+def _address(endpoint: Endpoint) -> dict[str, Any]:
+    return {"socket_address": {"address": endpoint.host, "port_value": endpoint.port}}
+
+
+def _h2() -> dict[str, Any]:
+    return {
+        HTTP_OPTIONS: {
+            "@type": f"type.googleapis.com/{HTTP_OPTIONS}",
+            "explicit_http_config": {"http2_protocol_options": {}},
+        }
+    }
+
+
+def _ext_proc_filter() -> dict[str, Any]:
+    return {
+        "name": "envoy.filters.http.ext_proc",
+        "typed_config": {
+            "@type": EXT_PROC,
+            "grpc_service": {"envoy_grpc": {"cluster_name": "meridian_picker"}},
+            "message_timeout": MESSAGE_TIMEOUT,
+            "status_on_error": {"code": 503},  # the picker unreachable: no GPU can be named
+            "processing_mode": {
+                "request_header_mode": "SEND",
+                "request_body_mode": "BUFFERED",
+                "request_trailer_mode": "SKIP",
+                "response_header_mode": "SEND",
+                "response_body_mode": "NONE",
+                "response_trailer_mode": "SEND",
+            },
+            "metadata_options": {
+                "forwarding_namespaces": {"untyped": [LB_NAMESPACE, SUBSET_NAMESPACE]}
+            },
+        },
+    }
+
+
+def _subset_filter(subset: Sequence[Endpoint]) -> dict[str, Any]:
+    """Sets the subset hint, as a data plane that knows the allowed endpoints would."""
+    hint = {SUBSET: [e.address for e in subset]}
+    return {
+        "name": "envoy.filters.http.set_metadata",
+        "typed_config": {
+            "@type": SET_METADATA,
+            "metadata": [{"metadata_namespace": SUBSET_NAMESPACE, "value": hint}],
+        },
+    }
+
+
+def _listener(listen: Endpoint, retries: int, original_dst: bool, subset: Any) -> dict[str, Any]:
+    route: dict[str, Any] = {
+        "cluster": "gpus",
+        "timeout": "0s",  # generation may be long; the caller's deadline bounds it
+        "retry_policy": {
+            "retry_on": "connect-failure,refused-stream,reset,unavailable",
+            "num_retries": retries,
+        },
+    }
+    routes: dict[str, Any] = {"match": {"prefix": "/"}, "route": route}
+    if original_dst:
+        served = {"key": SERVED, "value": "%UPSTREAM_REMOTE_ADDRESS%"}
+        routes["response_headers_to_add"] = [{"header": served}]
+    filters = [*([_subset_filter(subset)] if subset else []), _ext_proc_filter()]
+    filters.append(
+        {
+            "name": "envoy.filters.http.router",
+            "typed_config": {
+                "@type": "type.googleapis.com/envoy.extensions.filters.http.router.v3.Router"
+            },
+        }
+    )
+    manager = {
+        "@type": f"{HCM}.HttpConnectionManager",
+        "stat_prefix": "meridian",
+        "codec_type": "AUTO",
+        "route_config": {"virtual_hosts": [{"name": "zone", "domains": ["*"], "routes": [routes]}]},
+        "http_filters": filters,
+    }
+    return {
+        "name": "callers",
+        "address": _address(listen),
+        "per_connection_buffer_limit_bytes": BUFFER_LIMIT_BYTES,
+        "filter_chains": [
+            {
+                "filters": [
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": manager,
+                    }
+                ]
+            }
+        ],
+    }
+
+
+def _gpu_cluster(gpus: Sequence[Endpoint], original_dst: bool) -> dict[str, Any]:
+    cluster: dict[str, Any] = {"name": "gpus", "connect_timeout": "0.5s"}
+    cluster["typed_extension_protocol_options"] = _h2()  # V2 gRPC GPUs
+    if original_dst:
+        cluster.update(
+            type="ORIGINAL_DST",
+            lb_policy="CLUSTER_PROVIDED",
+            original_dst_lb_config={"use_http_header": True, "http_header_name": DESTINATION},
+        )
+        return cluster
+    key = {"key": LB_NAMESPACE, "path": [{"key": DESTINATION}]}
+    policy = {
+        "@type": OVERRIDE_HOST,
+        "override_host_sources": [{"metadata": key}, {"header": DESTINATION}],
+        "selected_host_key": {"key": LB_NAMESPACE, "path": [{"key": SERVED}]},
+        "fallback_policy": {
+            "policies": [
+                {
+                    "typed_extension_config": {
+                        "name": "envoy.load_balancing_policies.round_robin",
+                        "typed_config": {"@type": ROUND_ROBIN},
+                    }
+                }
+            ]
+        },
+    }
+    endpoints = [{"endpoint": {"address": _address(g)}} for g in gpus]
+    cluster.update(
+        type="STATIC",
+        load_balancing_policy={
+            "policies": [
+                {
+                    "typed_extension_config": {
+                        "name": "envoy.load_balancing_policies.override_host",
+                        "typed_config": policy,
+                    }
+                }
+            ]
+        },
+        load_assignment={"cluster_name": "gpus", "endpoints": [{"lb_endpoints": endpoints}]},
+    )
+    return cluster
+
+
+def envoy_bootstrap(
+    *,
+    listen: Endpoint,
+    picker: Endpoint,
+    admin: Endpoint,
+    gpus: Sequence[Endpoint] = (),
+    original_dst: bool = False,
+    retries: int = 2,
+    subset: Sequence[Endpoint] = (),
+) -> dict[str, Any]:
+    """The bootstrap: callers on ``listen``, the picker at ``picker``, the GPUs (listed
+    for ``override_host``; found from the header with ``original_dst``), admin on
+    ``admin`` (keep it on loopback: it can stop Envoy). ``subset`` makes Envoy send
+    that subset hint with every request."""
+    picker_cluster = {
+        "name": "meridian_picker",
+        "type": "STATIC",
+        "connect_timeout": "0.25s",
+        "typed_extension_protocol_options": _h2(),
+        "load_assignment": {
+            "cluster_name": "meridian_picker",
+            "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(picker)}}]}],
+        },
+    }
+    return {
+        "admin": {"address": _address(admin)},
+        "static_resources": {
+            "listeners": [_listener(listen, retries, original_dst, subset)],
+            "clusters": [picker_cluster, _gpu_cluster(gpus, original_dst)],
+        },
+    }
+
+
+def render(bootstrap: dict[str, Any]) -> str:
+    return yaml.safe_dump(bootstrap, sort_keys=False)
+
+
+# The examples in deploy/envoy: Envoy and the picker on one host, two GPUs.
+EXAMPLE_GPUS = (Endpoint("10.0.0.11", 8001), Endpoint("10.0.0.12", 8001))
+EXAMPLE_HEADER = """\
+# Envoy in front of one Meridian zone, its local tier as the endpoint picker ({shape}).
+# Rendered by `python -m local_lb.ext_proc_envoy` (local_lb/ext_proc_envoy.py says why
+# each part is there); run: envoy -c {name} --disable-hot-restart
+# The zone's topology entry needs `ext_proc: {{listen: 127.0.0.1:9002{fallbacks}}}`.
+"""
+
+
+def example(original_dst: bool) -> str:
+    """The text of ``deploy/envoy/envoy.yaml`` (or ``envoy-original-dst.yaml``)."""
+    bootstrap = envoy_bootstrap(
+        listen=Endpoint("0.0.0.0", 8080),
+        picker=Endpoint("127.0.0.1", 9002),
+        admin=Endpoint("127.0.0.1", 9901),
+        gpus=() if original_dst else EXAMPLE_GPUS,
+        original_dst=original_dst,
+        retries=1 if original_dst else 2,
+    )
+    header = EXAMPLE_HEADER.format(
+        shape="ORIGINAL_DST cluster, one endpoint" if original_dst else "override_host, fallbacks",
+        name=example_name(original_dst),
+        fallbacks=", fallbacks: 0" if original_dst else "",
+    )
+    return header + render(bootstrap)
+
+
+def example_name(original_dst: bool) -> str:
+    return "envoy-original-dst.yaml" if original_dst else "envoy.yaml"
+
+
+if __name__ == "__main__":
+    from pathlib import Path
+
+    where = Path(__file__).resolve().parent.parent / "deploy" / "envoy"
+    where.mkdir(exist_ok=True)
+    for shape in (False, True):
+        (where / example_name(shape)).write_text(example(shape), encoding="utf-8")
