@@ -31,14 +31,13 @@ import grpc
 from common.basics.errors import RouteError
 from common.config.access import Limits
 from common.gen.inference import grpc_service_pb2 as pb
+from common.request.openai_v2 import OPENAI_BODY, OPENAI_ROUTE, ROUTE_CHAT, ROUTE_COMPLETIONS
 from common.request.tokens import put_counts
 from common.request.v2 import parse_generate, text_response
 
-# The seam with the OpenAI edge (common.request.openai_v2 uses the same names).
-OPENAI_ROUTE = "openai_route"
-OPENAI_BODY = "openai_body"
-COMPLETIONS = "completions"
-CHAT_COMPLETIONS = "chat.completions"
+# The seam with the OpenAI edge: its names (common.request.openai_v2).
+COMPLETIONS = ROUTE_COMPLETIONS
+CHAT_COMPLETIONS = ROUTE_CHAT
 PATHS = {COMPLETIONS: "/v1/completions", CHAT_COMPLETIONS: "/v1/chat/completions"}
 FINISH_REASON = "finish_reason"
 # An inner tier takes the body its parent sent; still bounded (the edge's body limit).
