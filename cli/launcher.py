@@ -35,14 +35,14 @@ from typing import IO, Any
 import grpc
 import yaml
 
+from cli.readiness import tier_ready
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.identity import Identity, local, regional
 from common.config.pki import FleetCA
 from common.config.tls import GpuCredentials, TierTls, fleet_identities, tier_tls
 from common.config.topology import Topology, topology_from_mapping
-from common.gen.inference import grpc_service_pb2 as pb
-from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.tenancy.auth import new_key
+from sim.openai_server import gpu_probe
 
 DEMO_FLEET = Path(__file__).resolve().parent.parent / "deploy" / "demo-fleet.yaml"
 _PR_SET_PDEATHSIG = 1
@@ -357,7 +357,7 @@ class Fleet:
             for z in region.zones:
                 if z.name == zone:
                     dial = GpuCredentials(tier_tls(self.topology, local(region.name, zone)))
-                    probes += [(g.endpoint.address, dial(g)) for g in z.gpus]
+                    probes += [(gpu_probe(g), dial(g)) for g in z.gpus]
         return probes
 
     def answers(self, name: str) -> bool:
@@ -380,21 +380,3 @@ class Fleet:
             proc.stop()
         if self.redis is not None:
             self.redis.close()
-
-
-def tier_ready(
-    address: str, credentials: grpc.ChannelCredentials | None = None, timeout_s: float = 0.5
-) -> bool:
-    """True when the V2 server at ``address`` answers ServerReady with ready=true."""
-    if credentials is None:
-        channel = grpc.insecure_channel(address)
-    else:
-        channel = grpc.secure_channel(address, credentials)
-    with channel:
-        try:
-            reply = pb_grpc.GRPCInferenceServiceStub(channel).ServerReady(
-                pb.ServerReadyRequest(), timeout=timeout_s
-            )
-        except grpc.RpcError:
-            return False
-        return bool(reply.ready)

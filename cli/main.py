@@ -94,6 +94,9 @@ def _run_worker(args: argparse.Namespace) -> None:
 
     topology = _topology(args)
     zone = topology.zone(args.region, args.zone)
+    if args.protocol is not None:
+        gpus = tuple(dataclasses.replace(g, protocol=args.protocol) for g in zone.gpus)
+        zone = dataclasses.replace(zone, gpus=gpus)
     time_scale = args.time_scale if args.time_scale is not None else topology.time_scale
     if (args.tls_cert is None) != (args.tls_key is None):
         raise ConfigError("--tls-cert and --tls-key go together")

@@ -116,6 +116,13 @@ def _server_parsers(sub: Any, env: LogSettings) -> None:
         help="emulated time factor (0.05: 20x faster; default: the topology's time_scale)",
     )
     p.add_argument(
+        "--protocol",
+        choices=("v2", "openai"),
+        default=None,
+        help="what every GPU of the zone serves: V2 gRPC, or vLLM's OpenAI HTTP API "
+        "(default: as each GPU's entry says, its 'protocol'; the local tier reads the same)",
+    )
+    p.add_argument(
         "--tls-cert", metavar="FILE", help="certificate of the zone's GPUs whose entry says tls"
     )
     p.add_argument("--tls-key", metavar="FILE", help="its private key (with --tls-cert)")

@@ -104,6 +104,8 @@ class LocalAdmin:
             ):
                 if gpu.tls != cfg.tls:  # its channel is open: like its address, not applied
                     report.not_applied.append(f"{gpu.name}: tls (add it under a new name instead)")
+                if gpu.protocol != cfg.protocol:  # its stub is made: not applied either
+                    report.not_applied.append(f"{gpu.name}: protocol (add it under a new name)")
                 changes = await self._take_settings(gpu, cfg)
                 if changes:
                     changed = True
@@ -117,7 +119,9 @@ class LocalAdmin:
         what its monitor checks: the GPU's models at its current address (an address
         change is not applied), and the new metrics endpoint."""
         watched = MonitoredGpu.from_config(cfg, gpu.credentials)
-        watched = dataclasses.replace(watched, address=gpu.endpoint.address, models=gpu.models)
+        watched = dataclasses.replace(
+            watched, address=gpu.endpoint.address, models=gpu.models, protocol=gpu.protocol
+        )
         before = self.monitor.watched(gpu.name)
         changes: list[str] = []
         if before is not None and before.metrics_url != watched.metrics_url:

@@ -4,7 +4,8 @@ A ``BackendMonitor`` polls every GPU on a jittered interval: it scrapes the
 GPU's Prometheus endpoint into the ``LoadBook`` (``local_lb.load_book``, which
 the proxy also feeds from the ``x-meridian-load`` trailer) and checks its
 health through ``common.request.health.HealthChecker`` (grpc.health.v1 plus V2
-ModelReady; V2 ServerReady instead for a GPU without grpc.health.v1), handing
+ModelReady; V2 ServerReady instead for a GPU without grpc.health.v1; for a GPU that
+speaks OpenAI HTTP, ``local_lb.openai_probe``'s ``/health`` and ``/v1/models``), handing
 every ``GpuCheck`` to a callback; the caller decides what it means
 (``local_lb.readiness``: a check that timed out is slowness, not a verdict). Its
 channels run the GPU keepalive, like the ones requests take.
@@ -19,6 +20,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import aiohttp
 import grpc
@@ -34,6 +36,7 @@ from local_lb.load_book import (
     LoadSample,
     parse_prometheus_load,
 )
+from local_lb.openai_probe import OpenAIHealth
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +57,8 @@ class MonitoredGpu:
     # TLS towards a GPU whose entry says ``tls`` (None: plaintext); taken when its
     # channel opens, so not part of what a reload compares.
     credentials: grpc.ChannelCredentials | None = field(default=None, compare=False)
+    # "v2": health over gRPC; "openai": over HTTP (no channel is opened).
+    protocol: str = "v2"
 
     @classmethod
     def from_config(
@@ -65,7 +70,15 @@ class MonitoredGpu:
             models=frozenset(gpu.models),
             metrics_url=f"http://{gpu.metrics_endpoint.address}/metrics",
             credentials=credentials,
+            protocol=gpu.protocol,
         )
+
+
+class GpuProbe(Protocol):
+    """One GPU's health check, whatever protocol it speaks (``HealthChecker``,
+    ``OpenAIHealth``)."""
+
+    async def check_gpu(self, models: Iterable[str], timeout_s: float) -> GpuCheck: ...
 
 
 def jittered(interval_s: float, rng: random.Random) -> float:
@@ -76,7 +89,7 @@ def jittered(interval_s: float, rng: random.Random) -> float:
 @dataclass(eq=False)
 class _Backend:
     gpu: MonitoredGpu
-    health: HealthChecker
+    health: GpuProbe
     ready_models: frozenset[str] = frozenset()
     metrics_ok: bool | None = None  # None until the first scrape
 
@@ -154,9 +167,14 @@ class BackendMonitor:
 
     def _open(self, gpu: MonitoredGpu) -> None:
         assert self._session is not None
-        channel = dial(gpu.address, gpu.credentials, self._channel_options)
-        self._channels[gpu.name] = channel
-        backend = _Backend(gpu, HealthChecker(channel, name=gpu.name))
+        health: GpuProbe
+        if gpu.protocol == "openai":
+            health = OpenAIHealth(self._session, f"http://{gpu.address}")
+        else:
+            channel = dial(gpu.address, gpu.credentials, self._channel_options)
+            self._channels[gpu.name] = channel
+            health = HealthChecker(channel, name=gpu.name)
+        backend = _Backend(gpu, health)
         self._backends[gpu.name] = backend
         self._tasks[gpu.name] = asyncio.create_task(
             self._poll_loop(backend, self._session), name=f"load-poll:{gpu.name}"
@@ -194,7 +212,7 @@ class BackendMonitor:
             raise ValueError(f"GPU {gpu.name!r} is not monitored")
         if backend.gpu == gpu:
             return
-        if backend.gpu.address != gpu.address:
+        if backend.gpu.address != gpu.address or backend.gpu.protocol != gpu.protocol:
             await self.remove(gpu.name)
             self.add(gpu)
             return

@@ -1,8 +1,8 @@
 """What each GPU reports about its own load, with the age of every sample.
 
 Two sources feed one ``LoadBook``: the ``BackendMonitor`` (``local_lb.load``)
-scrapes each GPU's Prometheus endpoint on an interval (vLLM or Triton metric
-names), and the proxy records the ``x-meridian-load`` trailer the GPU puts on
+scrapes each GPU's Prometheus endpoint on an interval (vLLM, SGLang or Triton
+metric names), and the proxy records the ``x-meridian-load`` trailer the GPU puts on
 every response. The book keeps the newest sample per GPU; a sample older than
 the caller's ``max_age_s`` reads as unknown (``None``), never as an idle GPU.
 Parsing is in small pure functions; nothing here does I/O.
@@ -19,11 +19,16 @@ Load = tuple[float, float, float | None]
 
 LOAD_TRAILER = "x-meridian-load"
 
-_RUNNING = ("vllm:num_requests_running",)
-# vLLM first; Triton's queued-for-execution count means the same thing.
-_WAITING = ("vllm:num_requests_waiting", "nv_inference_pending_request_count")
-# The current vLLM name first, then the one it replaced.
-_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+_RUNNING = ("vllm:num_requests_running", "sglang:num_running_reqs")
+# vLLM first, then SGLang; Triton's queued-for-execution count means the same thing.
+_WAITING = (
+    "vllm:num_requests_waiting",
+    "sglang:num_queue_reqs",
+    "nv_inference_pending_request_count",
+)
+# The current vLLM name first, then the one it replaced, then SGLang's (the fraction
+# of its KV token pool in use).
+_KV = ("vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc", "sglang:token_usage")
 _KNOWN = frozenset(_RUNNING + _WAITING + _KV)
 
 # One sample line of the text exposition format: name, optional labels (quoted
@@ -57,15 +62,16 @@ def parse_prometheus_load(text: str) -> Load | None:
     Counts are summed over all label sets (one series per model). KV usage is
     a fraction of the one cache the models share (the emulated GPU repeats the
     same GPU-wide figure on every model's series), so it takes the largest
-    series, never a sum. Triton's pending count is read as waiting when no vLLM
-    waiting gauge is present; Triton has no running gauge, so running is 0.
+    series, never a sum. SGLang's names are read where vLLM's are absent, and
+    Triton's pending count as waiting where neither's waiting gauge is present
+    (Triton has no running gauge, so running is 0).
     Comments, unknown metrics, malformed lines and non-finite or negative
     values are skipped. ``None`` when no known metric is present.
     """
     sums: dict[str, float] = {}
     for raw in text.splitlines():
         line = raw.strip()
-        if not line.startswith(("vllm:", "nv_inference_pending_request_count")):
+        if not line.startswith(("vllm:", "sglang:", "nv_inference_pending_request_count")):
             continue  # comments, HELP/TYPE and other metrics, without a regex
         match = _SAMPLE.fullmatch(line)
         if match is None or match["name"] not in _KNOWN:

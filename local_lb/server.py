@@ -34,6 +34,7 @@ from local_lb.balancer import LocalBalancer
 from local_lb.cost import A100_WORK_PER_S, drain_rps
 from local_lb.ext_proc import extproc_services
 from local_lb.load import BackendMonitor, MonitoredGpu
+from local_lb.openai_stub import OpenAIPool, stub_for
 from local_lb.policies import picker_factory
 from local_lb.publication import LateBoundCallback
 from local_lb.queue import CentralQueue
@@ -54,18 +55,21 @@ def gpu_child(cfg: GpuConfig, credentials: grpc.ChannelCredentials | None = None
         rate=cfg.speed * A100_WORK_PER_S,
         tls=cfg.tls,
         credentials=credentials,
+        protocol=cfg.protocol,
     )
 
 
 def zone_gpus(
-    tls: TierTls | None, zone_cfg: ZoneConfig
+    tls: TierTls | None, zone_cfg: ZoneConfig, pool: OpenAIPool | None = None
 ) -> tuple[Callable[[GpuConfig], GpuChild], tuple[GpuChild, ...]]:
     """How to build the view of a GPU (at start and on reload), each dialled as its entry
-    says, and the zone's GPUs built so."""
+    says (an OpenAI GPU over ``pool``), and the zone's GPUs built so."""
     dial = GpuCredentials(tls)
 
     def make_gpu(cfg: GpuConfig) -> GpuChild:
-        return gpu_child(cfg, dial(cfg))
+        gpu = gpu_child(cfg, dial(cfg))
+        gpu.stub = stub_for(cfg, pool)  # None: its channel's gRPC stub
+        return gpu
 
     return make_gpu, tuple(make_gpu(g) for g in zone_cfg.gpus)
 
@@ -345,7 +349,7 @@ def build_local_tier(
     """The zone's local tier (for its regional tier only, mutual TLS; Envoy's endpoint picker
     too with ``ext_proc``); ``reload_from`` re-reads the topology; ``telemetry``: not OTel's."""
     zone_cfg, tls = topology.zone(region, zone), tier_tls(topology, local(region, zone))
-    make_gpu, gpus = zone_gpus(tls, zone_cfg)
+    make_gpu, gpus = zone_gpus(tls, zone_cfg, pool := OpenAIPool.for_zone(zone_cfg.gpus))
     children, view = tier_children(topology, gpus, "GPU", probe=False), local_view(topology, gpus)
     poke_publisher = LateBoundCallback()  # the publisher reads the balancer's queue
     balancer = local_balancer(topology, view, children, policy, poke_publisher)
@@ -361,14 +365,9 @@ def build_local_tier(
     poke_publisher.connect(publisher.poke)
     ejections = EjectionCounter(balancer.ejected_gpus)
     hooks = LocalAdmin(
-        region=region,
-        zone=zone,
-        children=children,
-        view=view,
-        balancer=balancer,
-        monitor=monitor,
-        make_gpu=make_gpu,
-    )
+        region=region, zone=zone, children=children, view=view, balancer=balancer,
+        monitor=monitor, make_gpu=make_gpu,
+    )  # fmt: skip
     return TierServer(
         TierSpec(tier="local", trust_internal=True, resolve_origin=no_origin),
         local_policy(topology, zone),
@@ -377,6 +376,7 @@ def build_local_tier(
         zone_cfg.endpoint,
         publisher=publisher,
         services=[
+            pool,
             monitor,
             Ticker(balancer.refresh_all, topology.health_interval_s / 2),
             Ticker(ejections.poll, topology.health_interval_s / 2),

@@ -42,6 +42,8 @@ class GpuChild(Child):
     weight: float = 1.0
     # Its entry's ``tls`` when its channel was opened (a reload does not change it).
     tls: GpuTls | None = None
+    # How the tier talks to it: "v2" (its stub a gRPC one) or "openai" (an OpenAIStub).
+    protocol: str = "v2"
 
     # healthy_since of the recovery slow start was last started for.
     last_seen_healthy: float = float("-inf")

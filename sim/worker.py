@@ -1,4 +1,6 @@
-"""The emulated GPU inference server: a KServe V2 gRPC endpoint around one ``GpuEngine``.
+"""The emulated GPU inference server: a KServe V2 gRPC endpoint around one ``GpuEngine``,
+or, for a GPU whose entry says ``protocol: openai``, vLLM's OpenAI HTTP API around it
+(``sim.openai_server``; the rest of this docstring is about the V2 side).
 
 Each worker also serves Prometheus text on ``/metrics`` with vLLM's metric
 names, so the local tier scrapes it exactly as it would scrape a real vLLM.
@@ -29,6 +31,8 @@ from common.request.server import V2Server
 from common.request.v2 import GenerateRequest, parse_generate, wants_stream
 from sim.answers import answer, answer_length, stream_error, stream_response
 from sim.engine import EngineError, GpuEngine, RequestTooLarge
+from sim.openai_server import OpenAIServer
+from sim.vllm_metrics import PROMETHEUS_CONTENT_TYPE, metrics_text
 
 log = logging.getLogger(__name__)
 
@@ -37,38 +41,11 @@ SERVER_VERSION = "0.1.0"
 PLATFORM = "meridian-sim"
 ROUTE_HEADER = "x-meridian-route"
 LOAD_HEADER = "x-meridian-load"
-PROMETHEUS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # Responses one stream may hold waiting to be written: beyond that its requests stop
 # taking tokens from the engine, so a caller that stops reading holds generation
 # back instead of growing memory (the engine keeps at most a request's max_tokens).
 STREAM_QUEUE_RESPONSES = 64
 ServerTls: TypeAlias = grpc.ServerCredentials | None  # None: plaintext
-
-# (name, type, help, EngineStats attribute); all carry a model_name label.
-_METRICS = (
-    ("vllm:num_requests_running", "gauge", "Requests in the running batch.", "running"),
-    ("vllm:num_requests_waiting", "gauge", "Requests waiting for KV cache or a slot.", "waiting"),
-    (
-        "vllm:kv_cache_usage_perc",
-        "gauge",
-        "Fraction of KV cache reserved (0..1).",
-        "kv_cache_usage",
-    ),
-    ("vllm:prompt_tokens_total", "counter", "Prompt tokens prefilled.", "prompt_tokens_total"),
-    ("vllm:generation_tokens_total", "counter", "Tokens generated.", "tokens_generated_total"),
-    (
-        "vllm:request_success_total",
-        "counter",
-        "Requests finished successfully.",
-        "requests_succeeded_total",
-    ),
-    (
-        "meridian_sim_prefix_cache_hit_tokens_total",
-        "counter",
-        "Prompt tokens served from the prefix cache.",
-        "prefix_cache_hit_tokens",
-    ),
-)
 
 
 def _engine_error(exc: EngineError) -> RouteError:
@@ -79,7 +56,8 @@ def _engine_error(exc: EngineError) -> RouteError:
 
 
 class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
-    """One emulated GPU: V2 gRPC on ``gpu.endpoint``, Prometheus on ``gpu.metrics_endpoint``.
+    """One emulated GPU: V2 gRPC on ``gpu.endpoint``, Prometheus on ``gpu.metrics_endpoint``
+    (protocol ``openai``: vLLM's HTTP API on ``gpu.endpoint``, ``/metrics`` included).
 
     Its exit stack tears it down in reverse order: gRPC stops accepting and drains for
     ``grace``, then metrics, then the engine. Serves TLS with ``tls`` if its entry says so.
@@ -94,6 +72,7 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
         self.engine = GpuEngine(gpu, time_scale=time_scale)
         # Created in start(): the gRPC server binds to the running event loop.
         self._server: V2Server | None = None
+        self._api: OpenAIServer | None = None  # protocol "openai"
         self._metrics_runner: web.AppRunner | None = None
         self.port = gpu.endpoint.port
         self.metrics_port = gpu.metrics_endpoint.port
@@ -120,13 +99,22 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
         async with contextlib.AsyncExitStack() as stack:
             await self.engine.start()
             stack.push_async_callback(self.engine.stop)
-            await self._start_metrics()
-            stack.push_async_callback(self._stop_metrics)
-            server = self._server = V2Server(self, self.gpu.endpoint, credentials=self.tls)
-            await server.start()
-            stack.push_async_callback(self._stop_server)
-            self.port = server.port
-            await server.set_serving(True)
+            openai = self.gpu.protocol == "openai"
+            if not openai or self.gpu.metrics_endpoint != self.gpu.endpoint:
+                await self._start_metrics()
+                stack.push_async_callback(self._stop_metrics)
+            if openai:
+                api = self._api = OpenAIServer(self.gpu, self.engine, lambda: self._ready)
+                await api.start()
+                stack.push_async_callback(lambda: api.stop(self._grace))
+                self.port = api.port
+                self.metrics_port = self.metrics_port or api.port
+            else:
+                server = self._server = V2Server(self, self.gpu.endpoint, credentials=self.tls)
+                await server.start()
+                stack.push_async_callback(self._stop_server)
+                self.port = server.port
+                await server.set_serving(True)
             self._ready = True
             self._stack = stack.pop_all()
 
@@ -167,15 +155,7 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
 
     def metrics_text(self) -> str:
         """The Prometheus exposition of this GPU's engine, one series per model."""
-        per_model = {model: self.engine.stats(model) for model in self.gpu.models}
-        lines = []
-        for name, kind, help_text, attr in _METRICS:
-            lines.append(f"# HELP {name} {help_text}")
-            lines.append(f"# TYPE {name} {kind}")
-            for model, stats in per_model.items():
-                value = getattr(stats, attr)
-                lines.append(f'{name}{{model_name="{_label(model)}"}} {value}')
-        return "\n".join(lines) + "\n"
+        return metrics_text(self.gpu, self.engine)
 
     async def _metrics(self, request: web.Request) -> web.Response:
         return web.Response(
@@ -342,10 +322,6 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
                 f"model {name!r} has no version {version!r} on GPU {self.gpu.name}; "
                 f"versions: {known}"
             )
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
 class ZoneWorkers:

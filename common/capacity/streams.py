@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from common.basics.backoff import Reconnect
+from common.basics.tasks import cancel_and_wait
 from common.capacity.summary import encode_hint
 from common.gen.meridian.v1 import capacity_pb2
 
@@ -85,9 +86,9 @@ class CapacityPublisher:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # Cancelled again until it ends: a cancellation landing inside the Redis
+            # client's call can be swallowed there, and one cancel() then hung stop().
+            await cancel_and_wait([self._task])
         await self.redis.aclose()
 
     def latest_hint(self, model: str) -> str | None:
@@ -116,8 +117,11 @@ class CapacityPublisher:
                 await backoff.failed(exc)
                 continue
             self._poke.clear()
+            # Not wait_for: on 3.11 it returns the poke when a cancellation lands in the
+            # same loop iteration, and the loop went on past its stop().
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._poke.wait(), self.cadence_s)
+                async with asyncio.timeout(self.cadence_s):
+                    await self._poke.wait()
 
 
 class CapacityReader:

@@ -1,7 +1,10 @@
 """One GPU inference server of a topology: its hardware class, models, limits and TLS.
 
 Hardware classes set a GPU's relative speed and KV-cache size; a model may be
-listed with versions (``demo-llm@2``). ``parse_gpu`` reads one entry of a
+listed with versions (``demo-llm@2``). ``protocol`` says how the local tier talks to
+the server: ``v2`` (KServe V2 gRPC, the default) or ``openai`` (OpenAI HTTP, as vLLM,
+SGLang, TGI and llama.cpp's server speak it; its metrics on the same port's
+``/metrics`` unless ``metrics_listen`` says otherwise). ``parse_gpu`` reads one entry of a
 zone's ``gpus`` (``common.config.topology``), every bad value a ``ConfigError``
 naming its key.
 """
@@ -33,6 +36,7 @@ HARDWARE_KV_TOKENS: Mapping[str, int] = {
 
 
 DEFAULT_VERSIONS = frozenset({"1"})
+PROTOCOLS = ("v2", "openai")
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,8 @@ class GpuConfig:
     # The emulated GPU reports its token counts in its responses (false: it
     # reports none, as a server without them would; the edge bills estimates).
     report_tokens: bool = True
+    # How the local tier talks to it: "v2" (KServe V2 gRPC) or "openai" (OpenAI HTTP).
+    protocol: str = "v2"
 
     def serves(self, model: str, version: str = "") -> bool:
         """True when this GPU serves ``model`` (at ``version``, when one is asked for)."""
@@ -93,11 +99,15 @@ def parse_gpu(node: ConfigNode) -> GpuConfig:
     require_positive(node, "max_concurrency", max_concurrency)
     kv_tokens = node.get("kv_cache_tokens", HARDWARE_KV_TOKENS[hardware], kind=int)
     require_positive(node, "kv_cache_tokens", kv_tokens)
+    protocol = parse_protocol(node)
+    listen = node.get("listen")
+    # vLLM and SGLang serve /metrics on their API port.
+    metrics_default = listen if protocol == "openai" else "127.0.0.1:0"
     gpu = GpuConfig(
         name=node.get("name", kind=str),
-        endpoint=parse_endpoint(node.get("listen"), node.key_path("listen")),
+        endpoint=parse_endpoint(listen, node.key_path("listen")),
         metrics_endpoint=parse_endpoint(
-            node.get("metrics_listen", "127.0.0.1:0"), node.key_path("metrics_listen")
+            node.get("metrics_listen", metrics_default), node.key_path("metrics_listen")
         ),
         hardware=hardware,
         models=tuple(models),
@@ -107,6 +117,22 @@ def parse_gpu(node: ConfigNode) -> GpuConfig:
         versions={m: frozenset(v) for m, v in versions.items()},
         tls=parse_gpu_tls(node),
         report_tokens=node.get("report_tokens", True, kind=bool),
+        protocol=protocol,
     )
+    if protocol == "openai" and gpu.tls is not None:
+        raise ConfigError(
+            f"{node.key_path('tls')}: not supported with protocol 'openai' (the local tier "
+            "speaks plain HTTP to OpenAI servers; leave tls out)"
+        )
     node.done()
     return gpu
+
+
+def parse_protocol(node: ConfigNode) -> str:
+    """A GPU's ``protocol``: ``v2`` (default) or ``openai``."""
+    protocol = node.get("protocol", "v2", kind=str)
+    if protocol not in PROTOCOLS:
+        raise ConfigError(
+            f"{node.key_path('protocol')}: unknown protocol {protocol!r}; known: {list(PROTOCOLS)}"
+        )
+    return protocol

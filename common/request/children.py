@@ -181,13 +181,13 @@ class ChildSet:
     def __iter__(self) -> Iterator[Child]:
         return iter(self.children)
 
-    def _open(self, child: Child) -> grpc.aio.Channel:
+    def _open(self, child: Child) -> None:
+        if child.stub is not None and child.channel is None:
+            return  # it came with a stub of another protocol (an OpenAI GPU): no channel
         channel = dial(child.endpoint.address, child.credentials or self.credentials, self._options)
         self._channels.append(channel)
-        child.channel = channel
-        child.stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        child.channel, child.stub = channel, pb_grpc.GRPCInferenceServiceStub(channel)
         self._checkers[child] = HealthChecker(channel, name=child.name)
-        return channel
 
     def _start_watch(self, child: Child) -> None:
         checker = self._checkers[child]
