@@ -11,14 +11,11 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
-import grpc
 import openai
 import redis
 
 from common.basics.redis_embed import free_port
 from common.config.topology import topology_from_mapping
-from common.gen.inference import grpc_service_pb2 as pb
-from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.openai_http import OpenAIEdge
 from common.tenancy.auth import hash_key
 from common.tenancy.usage import USAGE_STREAM, UsageRecord
@@ -28,6 +25,7 @@ from local_lb.server import build_local_tier
 from regional_lb.server import build_regional_tier
 from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
+from tests.e2e.chain import running_chain
 
 REGION, ZONE, MODEL = "eu", "eu-1a", "m"
 TENANTS: dict[str, dict[str, Any]] = {
@@ -135,23 +133,10 @@ async def openai_chain(
         build_regional_tier(topo, REGION),
         edge,
     ]
-    await workers.start()
-    started: list[TierServer] = []
     try:
-        for tier in tiers:
-            await tier.start()
-            started.append(tier)
-        async with grpc.aio.insecure_channel(topo.global_tier.endpoint.address) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            for _ in range(100):  # until every tier has seen its children healthy
-                if (await stub.ModelReady(pb.ModelReadyRequest(name=MODEL), timeout=5)).ready:
-                    break
-                await asyncio.sleep(0.1)
-        (http,) = [s for s in edge.services if isinstance(s, OpenAIEdge)]
-        yield Chain(f"http://{http.address}/v1", workers, keys, ids, redis_url)
+        async with running_chain(topo, workers, tiers, MODEL):
+            (http,) = [s for s in edge.services if isinstance(s, OpenAIEdge)]
+            yield Chain(f"http://{http.address}/v1", workers, keys, ids, redis_url)
     finally:
-        for tier in reversed(started):
-            await tier.stop(0)
-        await workers.stop(0)
         # The openai client resolves its host on the loop's default executor: join its thread.
         await asyncio.get_running_loop().shutdown_default_executor()

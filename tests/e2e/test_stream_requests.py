@@ -32,6 +32,7 @@ from local_lb.server import build_local_tier
 from regional_lb.server import build_regional_tier
 from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
+from tests.e2e.chain import running_chain
 
 REGION, ZONE, MODEL = "eu", "eu-1a", "m"
 PROMPT = "tell me about routers"  # 4 prompt tokens (whitespace words)
@@ -100,24 +101,11 @@ async def fleet(
         build_regional_tier(topo, REGION, telemetry=telemetry),
         build_global_tier(topo, telemetry=telemetry),
     ]
-    await workers.start()
-    started: list[TierServer] = []
     try:
-        for tier in tiers:
-            await tier.start()
-            started.append(tier)
-        async with grpc.aio.insecure_channel(topo.global_tier.endpoint.address) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            for _ in range(100):  # until every tier has seen its children healthy
-                if (await stub.ModelReady(pb.ModelReadyRequest(name=MODEL), timeout=5)).ready:
-                    break
-                await asyncio.sleep(0.1)
+        async with running_chain(topo, workers, tiers, MODEL) as stub:
             telemetry.recent.clear()
             yield Fleet(stub, workers, keys, ids, redis_server.url, telemetry.recent)
     finally:
-        for tier in reversed(started):
-            await tier.stop(0)
-        await workers.stop(0)
         telemetry.shutdown()
 
 

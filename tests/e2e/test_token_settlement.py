@@ -38,6 +38,7 @@ from regional_lb.server import build_regional_tier
 from sim.answers import ANSWER_TOKENS
 from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
+from tests.e2e.chain import running_chain
 
 REGION, ZONE, MODEL = "eu", "eu-1a", "m"
 PROMPT = "tell me about routers"  # 4 prompt tokens (whitespace words)
@@ -104,24 +105,9 @@ async def running_fleet(redis_url: str, *, report: bool) -> AsyncIterator[Fleet]
         build_regional_tier(topo, REGION),
         edge,
     ]
-    await workers.start()
-    started: list[TierServer] = []
-    try:
-        for tier in tiers:
-            await tier.start()
-            started.append(tier)
-        async with grpc.aio.insecure_channel(topo.global_tier.endpoint.address) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            for _ in range(100):  # until every tier has seen its children healthy
-                if (await stub.ModelReady(pb.ModelReadyRequest(name=MODEL), timeout=5)).ready:
-                    break
-                await asyncio.sleep(0.1)
-            assert edge.admission is not None
-            yield Fleet(stub, edge.admission, ids, keys, redis_url)
-    finally:
-        for tier in reversed(started):
-            await tier.stop(0)
-        await workers.stop(0)
+    async with running_chain(topo, workers, tiers, MODEL) as stub:
+        assert edge.admission is not None
+        yield Fleet(stub, edge.admission, ids, keys, redis_url)
 
 
 @pytest.fixture

@@ -1,0 +1,41 @@
+"""One in-process chain (emulated GPUs, then local → regional → global) started and stopped
+the same way by every end-to-end test that builds its own."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+
+import grpc
+
+from common.config.topology import Topology
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.tier.server import TierServer
+from sim.worker import ZoneWorkers
+
+
+@contextlib.asynccontextmanager
+async def running_chain(
+    topo: Topology, workers: ZoneWorkers, tiers: Sequence[TierServer], model: str
+) -> AsyncIterator[pb_grpc.GRPCInferenceServiceStub]:
+    """Start ``workers`` and ``tiers`` (bottom first), wait until ``model`` is ready through
+    the global tier, yield a stub on it; stop whatever started, top first, however it ends."""
+    await workers.start()
+    started: list[TierServer] = []
+    try:
+        for tier in tiers:
+            await tier.start()
+            started.append(tier)
+        async with grpc.aio.insecure_channel(topo.global_tier.endpoint.address) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            for _ in range(100):  # until every tier has seen its children healthy
+                if (await stub.ModelReady(pb.ModelReadyRequest(name=model), timeout=5)).ready:
+                    break
+                await asyncio.sleep(0.1)
+            yield stub
+    finally:
+        for tier in reversed(started):
+            await tier.stop(0)
+        await workers.stop(0)
