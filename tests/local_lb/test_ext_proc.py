@@ -5,6 +5,7 @@ lease, and the lease released exactly once however the stream ends."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -141,8 +142,9 @@ async def test_answer_names_the_chosen_gpu_then_fallbacks_in_header_and_metadata
 
 
 async def test_a_fallback_that_served_takes_the_lease_and_the_chosen_one_is_down(
-    picker: Picker,
+    picker: Picker, caplog: pytest.LogCaptureFixture
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="common.request.children")
     call = picker.stub.Process()
     await call.write(_headers(GRPC_HEADERS))
     await call.read()
@@ -157,7 +159,12 @@ async def test_a_fallback_that_served_takes_the_lease_and_the_chosen_one_is_down
     by_address = {g.endpoint.address: g for g in picker.gpus()}
     assert by_address[fallback].outstanding_requests == 1
     assert by_address[chosen].outstanding_requests == 0
-    assert not by_address[chosen].healthy  # Envoy could not use it
+    # Envoy could not use it: marked down (read from the event, not the state, which the
+    # emulated GPU's own health watch may already have set back to up).
+    name = by_address[chosen].name
+    downs = [r for r in caplog.records if getattr(r, "event", "") == "child_down"]
+    assert [getattr(r, "child", "") for r in downs] == [name], downs
+    assert "Envoy fell back" in getattr(downs[0], "error", "")
     await call.write(_trailers(0))
     await call.read()
     assert picker.held() == 0
