@@ -9,10 +9,12 @@ from collections.abc import AsyncIterator, Sequence
 
 import grpc
 
-from common.config.topology import Topology
+from common.basics.redis_embed import free_port
+from common.config.topology import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.tier.server import TierServer
+from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
 
 
@@ -39,3 +41,25 @@ async def running_chain(
         for tier in reversed(started):
             await tier.stop(0)
         await workers.stop(0)
+
+
+def traced_zone_topology(
+    redis_url: str, *, model: str, region: str, zone: str, max_concurrency: int = 16
+) -> Topology:
+    """One region of one zone whose tiers the tracing tests follow: fresh ports, health
+    every 0.2 s, no slow start (so every GPU takes requests at once)."""
+    return topology_from_mapping(
+        one_zone_mapping(
+            redis_url,
+            model=model,
+            max_concurrency=max_concurrency,
+            region=region,
+            zone=zone,
+            global_listen=f"127.0.0.1:{free_port()}",
+            region_listen=f"127.0.0.1:{free_port()}",
+            global_location=(50.0, 0.0),
+            region_location=(50.0, 5.0),
+            health_interval_s=0.2,
+            slow_start_window_s=0,
+        )
+    )

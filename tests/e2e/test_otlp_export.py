@@ -9,17 +9,15 @@ span names on every tier's spans, and the tiers' spans linked into one chain.
 
 from __future__ import annotations
 
-import asyncio
 import os
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
-import grpc
 import pytest
 
-from common.basics.redis_embed import EmbeddedRedis, free_port
-from common.config.topology import Topology, topology_from_mapping
+from common.basics.redis_embed import EmbeddedRedis
+from common.config.topology import Topology
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.observability import trace_names as names
@@ -28,8 +26,8 @@ from common.tier.server import TierServer
 from global_lb.server import build_global_tier
 from local_lb.server import build_local_tier
 from regional_lb.server import build_regional_tier
-from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
+from tests.e2e.chain import running_chain, traced_zone_topology
 from tests.otlp_receiver import Received, ReceivedSpan, otlp_receiver
 
 REGION, ZONE, MODEL = "eu", "eu-1a", "m"
@@ -46,21 +44,6 @@ class Chain:
     received: Received
 
 
-def _topology(redis_url: str) -> Topology:
-    return topology_from_mapping(
-        one_zone_mapping(
-            redis_url,
-            model=MODEL,
-            region=REGION,
-            zone=ZONE,
-            global_listen=f"127.0.0.1:{free_port()}",
-            region_listen=f"127.0.0.1:{free_port()}",
-            global_location=(50.0, 0.0),
-            region_location=(50.0, 5.0),
-            health_interval_s=0.2,
-            slow_start_window_s=0,
-        )
-    )
 
 
 @pytest.fixture
@@ -79,31 +62,16 @@ def otel_env(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
 @asynccontextmanager
 async def tier_chain(redis_url: str, received: Received) -> AsyncIterator[Chain]:
     """The three tiers, each with the tracing ``setup_tracing`` builds from the environment."""
-    topo = _topology(redis_url)
+    topo = traced_zone_topology(redis_url, model=MODEL, region=REGION, zone=ZONE)
     workers = ZoneWorkers(topo.zone(REGION, ZONE), region=REGION, time_scale=0.05)
     tiers: list[TierServer] = [
         build_local_tier(topo, REGION, ZONE),
         build_regional_tier(topo, REGION),
         build_global_tier(topo),
     ]
-    await workers.start()
-    started: list[TierServer] = []
-    try:
-        for tier in tiers:
-            await tier.start()
-            started.append(tier)
-        async with grpc.aio.insecure_channel(topo.global_tier.endpoint.address) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            for _ in range(100):  # until every tier has seen its children healthy
-                ready = await stub.ModelReady(pb.ModelReadyRequest(name=MODEL), timeout=5)
-                if ready.ready:
-                    break
-                await asyncio.sleep(0.1)
-            yield Chain(topo, stub, received)
-    finally:
-        for tier in reversed(started):
-            await tier.stop(0)  # flushes and shuts its exporter down
-        await workers.stop(0)
+    # Stopping each tier flushes and shuts its exporter down.
+    async with running_chain(topo, workers, tiers, MODEL) as stub:
+        yield Chain(topo, stub, received)
 
 
 def _complete(count: int) -> Callable[[Received], bool]:

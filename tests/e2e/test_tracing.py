@@ -16,8 +16,7 @@ import pytest
 from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.trace import SpanKind
 
-from common.basics.redis_embed import EmbeddedRedis, free_port
-from common.config.topology import topology_from_mapping
+from common.basics.redis_embed import EmbeddedRedis
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.observability import tracing as tm
@@ -26,8 +25,8 @@ from common.tier.server import TierServer
 from global_lb.server import build_global_tier
 from local_lb.server import build_local_tier
 from regional_lb.server import build_regional_tier
-from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
+from tests.e2e.chain import running_chain, traced_zone_topology
 
 REGION, ZONE, MODEL = "eu", "eu-1a", "m"
 CLIENT_TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -40,22 +39,6 @@ class Chain:
     recent: tm.RecentSpans
 
 
-def _topology(redis_url: str, max_concurrency: int = 16):  # type: ignore[no-untyped-def]
-    return topology_from_mapping(
-        one_zone_mapping(
-            redis_url,
-            model=MODEL,
-            max_concurrency=max_concurrency,
-            region=REGION,
-            zone=ZONE,
-            global_listen=f"127.0.0.1:{free_port()}",
-            region_listen=f"127.0.0.1:{free_port()}",
-            global_location=(50.0, 0.0),
-            region_location=(50.0, 5.0),
-            health_interval_s=0.2,
-            slow_start_window_s=0,
-        )
-    )
 
 
 @pytest.fixture
@@ -69,7 +52,9 @@ async def chain(
 ) -> AsyncIterator[Chain]:
     for name in ("OTEL_SDK_DISABLED", "OTEL_TRACES_SAMPLER", "OTEL_EXPORTER_OTLP_ENDPOINT"):
         monkeypatch.delenv(name, raising=False)
-    topo = _topology(redis_server.url, max_concurrency)
+    topo = traced_zone_topology(
+        redis_server.url, model=MODEL, region=REGION, zone=ZONE, max_concurrency=max_concurrency
+    )
     # Every request traced here (Meridian's default samples 1 in 10).
     monkeypatch.setenv("OTEL_TRACES_SAMPLER", "parentbased_always_on")
     telemetry = tm.setup_tracing("meridian-test")
@@ -80,25 +65,11 @@ async def chain(
         build_regional_tier(topo, REGION, telemetry=telemetry),
         build_global_tier(topo, telemetry=telemetry),
     ]
-    await workers.start()
-    started: list[TierServer] = []
     try:
-        for tier in tiers:
-            await tier.start()
-            started.append(tier)
-        async with grpc.aio.insecure_channel(topo.global_tier.endpoint.address) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            for _ in range(100):  # until every tier has seen its children healthy
-                ready = await stub.ModelReady(pb.ModelReadyRequest(name=MODEL), timeout=5)
-                if ready.ready:
-                    break
-                await asyncio.sleep(0.1)
+        async with running_chain(topo, workers, tiers, MODEL) as stub:
             telemetry.recent.clear()
             yield Chain(stub, telemetry.recent)
     finally:
-        for tier in reversed(started):
-            await tier.stop(0)
-        await workers.stop(0)
         telemetry.shutdown()
 
 

@@ -18,18 +18,13 @@ from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.observability import tracing as tm
 from common.observability.metrics import counter_values
 from common.observability.tier_metrics import REQUEST_LABELS, STREAM_LABELS
-from common.request.balancer import RankingBalancer
-from common.request.children import Child, ChildSet
-from common.request.forwarding import ForwardingPolicy
-from common.request.proxy import TierSpec
 from common.request.server import V2Server
 from common.request.v2 import generate_request, response_text
-from common.tenancy.admission import edge_admission
 from common.tenancy.auth import hash_key
 from common.tier.server import TierServer
-from tests.common.request.front import InOrder
 from tests.common.request.test_forwarding_loop import MODEL, ChildServer
 from tests.common.tenancy.test_admission import records_with
+from tests.common.tier.edge import edge_tier
 
 ACME = TenantConfig(id="acme", key_hashes=frozenset({hash_key("mk_acme")}))
 
@@ -56,23 +51,8 @@ async def edge(redis_server: EmbeddedRedis, monkeypatch: pytest.MonkeyPatch) -> 
     telemetry = tm.setup_tracing("test-edge")
     child = V2Server(ChildServer("us-east"), Endpoint("127.0.0.1", 0))
     await child.start()
-    children = ChildSet(
-        [Child("us-east", Endpoint("127.0.0.1", child.port), frozenset({MODEL}))],
-        probe_interval_s=1,
-        summary_ttl_s=1,
-        probe=False,
-    )
     auth = AuthConfig(enabled=True, tenants=(ACME,))
-    tier = TierServer(
-        TierSpec(tier="global", trust_internal=False, resolve_origin=lambda hints: None),
-        ForwardingPolicy(kind="region"),
-        children,
-        RankingBalancer(InOrder(), children),
-        Endpoint("127.0.0.1", 0),
-        admission=edge_admission(auth, redis_server.url),
-        tenants=auth.tenant_ids,
-        telemetry=telemetry,
-    )
+    tier = edge_tier(child, auth, redis_server.url, telemetry)
     await tier.start()
     channel = grpc.aio.insecure_channel(f"127.0.0.1:{tier.port}")
     edge = Edge(tier, pb_grpc.GRPCInferenceServiceStub(channel), telemetry)

@@ -11,17 +11,11 @@ from common.basics.redis_embed import EmbeddedRedis
 from common.config.access import AuthConfig, TenantConfig
 from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.request.balancer import RankingBalancer
-from common.request.children import Child, ChildSet
-from common.request.forwarding import ForwardingPolicy
-from common.request.proxy import TierSpec
 from common.request.server import V2Server
 from common.request.v2 import generate_request
-from common.tenancy.admission import edge_admission
 from common.tenancy.auth import hash_key
-from common.tier.server import TierServer
-from tests.common.request.front import InOrder
 from tests.common.request.test_forwarding_loop import MODEL, ChildServer
+from tests.common.tier.edge import edge_tier
 
 SLOW = TenantConfig(id="slow", key_hashes=frozenset({hash_key("mk_slow")}), requests_per_s=1)
 
@@ -31,22 +25,8 @@ async def test_a_burst_of_sheds_at_the_edge_is_one_warning(
 ) -> None:
     child = V2Server(ChildServer("us-east"), Endpoint("127.0.0.1", 0))
     await child.start()
-    children = ChildSet(
-        [Child("us-east", Endpoint("127.0.0.1", child.port), frozenset({MODEL}))],
-        probe_interval_s=1,
-        summary_ttl_s=1,
-        probe=False,
-    )
     auth = AuthConfig(enabled=True, tenants=(SLOW,))
-    tier = TierServer(
-        TierSpec(tier="global", trust_internal=False, resolve_origin=lambda hints: None),
-        ForwardingPolicy(kind="region"),
-        children,
-        RankingBalancer(InOrder(), children),
-        Endpoint("127.0.0.1", 0),
-        admission=edge_admission(auth, redis_server.url),
-        tenants=auth.tenant_ids,
-    )
+    tier = edge_tier(child, auth, redis_server.url)
     await tier.start()
     codes: list[grpc.StatusCode] = []
     stopped = False
