@@ -130,7 +130,7 @@ class TokenCount:
         if self.prompt is not None:
             call.prompt_tokens = self.prompt
         call.completion_tokens = (
-            self.completion if self.completion is not None else (completion_estimate)
+            self.completion if self.completion is not None else completion_estimate
         )
         call.tokens_reported = self.reported
 
