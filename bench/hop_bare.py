@@ -41,7 +41,8 @@ class Passthrough(grpc.GenericRpcHandler):
 
             async def stream(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
                 call = self.next().stream_stream(method)(
-                    requests, metadata=context.invocation_metadata(),
+                    requests,
+                    metadata=context.invocation_metadata(),
                     timeout=context.time_remaining(),
                 )
                 async for reply in call:
@@ -60,16 +61,18 @@ class Passthrough(grpc.GenericRpcHandler):
         return grpc.unary_unary_rpc_method_handler(unary)
 
 
-async def serve(args: argparse.Namespace) -> None:
-    ca = Path(args.ca).read_bytes() if args.ca else None
-    dial = _pair(args.dial_cert)
+async def serve(
+    args: argparse.Namespace,
+    ca: bytes | None,
+    dial: tuple[bytes, bytes] | None,
+    own: tuple[bytes, bytes] | None,
+) -> None:
     creds = None if dial is None else grpc.ssl_channel_credentials(ca, dial[0], dial[1])
     channels = [
         grpc.aio.insecure_channel(a) if creds is None else grpc.aio.secure_channel(a, creds)
         for a in args.upstream.split(",")
     ]
     server = grpc.aio.server(handlers=[Passthrough(channels)])
-    own = _pair(args.serve_cert)
     if own is None:
         server.add_insecure_port(args.listen)
     else:
@@ -93,7 +96,8 @@ def main() -> None:
     parser.add_argument("--dial-cert", help="directory with cert.pem/key.pem: dial mutual TLS")
     args = parser.parse_args()
     die_with_parent()  # the bench's PR_SET_PDEATHSIG, as every launched tier asks
-    asyncio.run(serve(args))
+    ca = Path(args.ca).read_bytes() if args.ca else None
+    asyncio.run(serve(args, ca, _pair(args.dial_cert), _pair(args.serve_cert)))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import asyncio
 import json
 import os
 import platform
+import socket
 import statistics
 import sys
 import tempfile
@@ -58,13 +59,24 @@ def fleet_spec(gpus: int, time_scale: float) -> dict[str, Any]:
     spec["regions"] = spec["regions"][:1]
     zone = spec["regions"][0]["zones"][0]
     spec["regions"][0]["zones"] = [zone]
-    zone["gpus"] = [{**zone["gpus"][0], "name": f"{ZONE}-gpu{i}",
-                     "hardware": "H100", "throttle": 1.0} for i in range(gpus)]
+    zone["gpus"] = [
+        {**zone["gpus"][0], "name": f"{ZONE}-gpu{i}", "hardware": "H100", "throttle": 1.0}
+        for i in range(gpus)
+    ]
     spec["time_scale"] = time_scale
-    spec["auth"] = {"enabled": True, "tenants": [{
-        "id": TENANT, "api_key": "generate", "priority_ceiling": "critical",
-        "requests_per_s": 1_000_000, "tokens_per_min": 1_000_000_000, "max_concurrent": 4096,
-    }]}
+    spec["auth"] = {
+        "enabled": True,
+        "tenants": [
+            {
+                "id": TENANT,
+                "api_key": "generate",
+                "priority_ceiling": "critical",
+                "requests_per_s": 1_000_000,
+                "tokens_per_min": 1_000_000_000,
+                "max_concurrent": 4096,
+            }
+        ],
+    }
     return spec
 
 
@@ -95,17 +107,29 @@ class Bench:
         as_regional = self._creds(regional(REGION))
         as_global = self._creds(GLOBAL)
         b = self.bare_addr
-        self.targets = {t.name: t for t in [
-            Target("direct", self.gpus, None, [f"worker-{ZONE}"]),
-            Target("bare1", [b["bare-local"]], as_regional, ["bare-local"]),
-            Target("local", [zone.endpoint.address], as_regional, [f"local-{ZONE}"]),
-            Target("bare2", [b["bare-regional"]], as_global, ["bare-regional", "bare-local"]),
-            Target("regional", [topo.regions[0].endpoint.address], as_global,
-                   [f"regional-{REGION}", f"local-{ZONE}"]),
-            Target("bare3", [b["bare-global"]], None, list(BARE), (key,)),
-            Target("chain", [topo.global_tier.endpoint.address], None,
-                   ["global", f"regional-{REGION}", f"local-{ZONE}"], (key,)),
-        ]}
+        self.targets = {
+            t.name: t
+            for t in [
+                Target("direct", self.gpus, None, [f"worker-{ZONE}"]),
+                Target("bare1", [b["bare-local"]], as_regional, ["bare-local"]),
+                Target("local", [zone.endpoint.address], as_regional, [f"local-{ZONE}"]),
+                Target("bare2", [b["bare-regional"]], as_global, ["bare-regional", "bare-local"]),
+                Target(
+                    "regional",
+                    [topo.regions[0].endpoint.address],
+                    as_global,
+                    [f"regional-{REGION}", f"local-{ZONE}"],
+                ),
+                Target("bare3", [b["bare-global"]], None, list(BARE), (key,)),
+                Target(
+                    "chain",
+                    [topo.global_tier.endpoint.address],
+                    None,
+                    ["global", f"regional-{REGION}", f"local-{ZONE}"],
+                    (key,),
+                ),
+            ]
+        }
 
     def _creds(self, who: Identity) -> grpc.ChannelCredentials | None:
         return None if self.fleet.topology.tls is None else self.fleet.credentials_as(who)
@@ -124,8 +148,15 @@ class Bench:
         }
         out = {}
         for name, (up, serve, dial) in plan.items():
-            argv = [sys.executable, "-m", "bench.hop_bare", "--listen", a[name],
-                    "--upstream", ",".join(up)]
+            argv = [
+                sys.executable,
+                "-m",
+                "bench.hop_bare",
+                "--listen",
+                a[name],
+                "--upstream",
+                ",".join(up),
+            ]
             if tls is not None:
                 argv += ["--ca", tls.ca]
             argv += [x for s in serve for x in ("--serve-cert", s)]
@@ -142,6 +173,17 @@ class Bench:
         self.fleet.start(timeout_s=90)
         for proc in self.bare.values():
             proc.start()
+        for name, address in self.bare_addr.items():
+            host, _, port = address.rpartition(":")
+            deadline = time.monotonic() + 30
+            while True:  # until it listens (it dials lazily: nothing else to wait for)
+                try:
+                    socket.create_connection((host, int(port)), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline or not self.bare[name].alive():
+                        raise RuntimeError(f"{name} is not listening; see its log") from None
+                    time.sleep(0.05)
 
     def stop(self) -> None:
         for proc in reversed(list(self.bare.values())):
@@ -162,13 +204,15 @@ async def closed_loop(
     """(requests done, wall seconds, latencies, errors) of ``concurrency`` callers."""
     body = generate_request(MODEL, "hello", 1).SerializeToString()
     channels = [
-        grpc.aio.insecure_channel(a) if target.credentials is None
+        grpc.aio.insecure_channel(a)
+        if target.credentials is None
         else grpc.aio.secure_channel(a, target.credentials)
         for a in target.address
     ]
     calls = [c.unary_unary(INFER) for c in channels]
     latencies: list[float] = []
     errors = 0
+    first_error: list[str] = []
     stop_at = time.perf_counter() + seconds
 
     async def caller(i: int) -> None:
@@ -178,8 +222,11 @@ async def closed_loop(
             t0 = time.perf_counter()
             try:
                 await call(body, metadata=target.metadata, timeout=10)
-            except grpc.aio.AioRpcError:
+            except grpc.aio.AioRpcError as exc:
                 errors += 1
+                if not first_error:
+                    first_error.append(f"{exc.code().name}: {exc.details()}")
+                    print(f"{target.name}: {first_error[0]}", file=sys.stderr, flush=True)
                 await asyncio.sleep(0.01)
                 continue
             latencies.append(time.perf_counter() - t0)
@@ -193,21 +240,37 @@ async def closed_loop(
             await channel.close()
 
 
-async def measure(bench: Bench, target: Target, args: argparse.Namespace) -> dict[str, Any]:
+async def idle_cpu(bench: Bench, seconds: float) -> dict[str, float]:
+    """CPU seconds per second each process spends with no request to serve (health
+    probes, keepalive pings, capacity summaries, metric scrapes)."""
+    names = [*bench.fleet.processes, *bench.bare]
+    before = {n: cpu_seconds(bench.pid(n)) for n in names}
+    started = time.perf_counter()
+    await asyncio.sleep(seconds)
+    wall = time.perf_counter() - started
+    return {n: (cpu_seconds(bench.pid(n)) - before[n]) / wall for n in names}
+
+
+async def measure(
+    bench: Bench, target: Target, args: argparse.Namespace, idle: dict[str, float]
+) -> dict[str, Any]:
     await closed_loop(target, args.concurrency, args.warmup)
     pids = {p: bench.pid(p) for p in target.processes}
     before = {p: cpu_seconds(pid) for p, pid in pids.items()}
     client_before = time.process_time()
     done, wall, lat, errors = await closed_loop(target, args.concurrency, args.seconds)
     client_cpu = time.process_time() - client_before
-    cpu_us = {p: 1e6 * (cpu_seconds(pid) - before[p]) / max(done, 1) for p, pid in pids.items()}
+    used = {p: cpu_seconds(pid) - before[p] for p, pid in pids.items()}
+    n = max(done, 1)
     lat.sort()
     return {
         "rps": done / wall,
         "p50_ms": 1e3 * lat[len(lat) // 2] if lat else None,
         "p99_ms": 1e3 * lat[int(len(lat) * 0.99)] if lat else None,
         "errors": errors,
-        "cpu_us_per_request": cpu_us,
+        "cpu_us_per_request": {p: 1e6 * c / n for p, c in used.items()},
+        # Less what the process burns idle over the same time: the cost that grows with requests.
+        "net_cpu_us_per_request": {p: 1e6 * (c - idle[p] * wall) / n for p, c in used.items()},
         "client_cpu_us_per_request": 1e6 * client_cpu / max(done, 1),
     }
 
@@ -222,9 +285,9 @@ def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
         "p50_ms": med([r["p50_ms"] for r in rounds]),
         "p99_ms": med([r["p99_ms"] for r in rounds]),
         "errors": sum(r["errors"] for r in rounds),
-        "cpu_us_per_request": {
-            p: med([r["cpu_us_per_request"][p] for r in rounds])
-            for p in rounds[0]["cpu_us_per_request"]
+        **{
+            kind: {p: med([r[kind][p] for r in rounds]) for p in rounds[0][kind]}
+            for kind in ("cpu_us_per_request", "net_cpu_us_per_request")
         },
     }
 
@@ -233,18 +296,25 @@ async def run(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
     names = args.targets.split(",")
     rounds: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     await asyncio.sleep(1.0)  # first health probes and capacity summaries
+    idle = await idle_cpu(bench, args.idle)
+    print("idle CPU ms/s: " + " ".join(f"{p}={1e3 * v:.0f}" for p, v in idle.items()))
     for i in range(args.rounds):
         for name in names:
-            r = await measure(bench, bench.targets[name], args)
+            r = await measure(bench, bench.targets[name], args, idle)
             rounds[name].append(r)
-            cpu = " ".join(f"{p}={v:.0f}" for p, v in r["cpu_us_per_request"].items())
-            print(f"round {i + 1} {name:8s} {r['rps']:7.0f} req/s p50 {r['p50_ms']:6.1f} ms "
-                  f"err {r['errors']}  cpu µs/req {cpu}", flush=True)
+            net = r["net_cpu_us_per_request"]
+            cpu = " ".join(f"{p}={v:.0f}({net[p]:.0f})" for p, v in r["cpu_us_per_request"].items())
+            print(
+                f"round {i + 1} {name:8s} {r['rps']:7.0f} req/s p50 {r['p50_ms'] or 0:6.1f} ms "
+                f"err {r['errors']}  cpu µs/req (net of idle) {cpu}",
+                flush=True,
+            )
     return {
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "params": vars(args),
         "tls": not args.no_tls,
         "otel_env": {k: v for k, v in os.environ.items() if k.startswith("OTEL_")},
+        "idle_cpu_s_per_s": idle,
         "rounds": rounds,
         "median": {n: medians(r) for n, r in rounds.items()},
     }
@@ -258,6 +328,7 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=3.0)
     parser.add_argument("--warmup", type=float, default=0.5)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--idle", type=float, default=3.0, help="seconds of idle CPU sampling")
     parser.add_argument("--targets", default="direct,bare1,local,bare2,regional,bare3,chain")
     parser.add_argument("--no-tls", action="store_true", help="plaintext between tiers")
     parser.add_argument("--out", default="hop_cost", help="results/OUT.json and OUT.md")
