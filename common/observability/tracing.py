@@ -82,6 +82,7 @@ from common.observability.trace_names import (
     span_name,
     usage_attributes,
 )
+from common.observability.unsampled import inject_unsampled, skips_unsampled, unsampled_parent
 from common.request.balancer import Lease
 from common.request.call import INFER_METHODS, CallRecord
 
@@ -262,7 +263,10 @@ class TierTracing:
     method returns at its first line, and a server span starts with attributes built
     once per method (``serve_at``), so a request the sampler drops builds none; a
     decision span is recorded after the fact from its start time, with all its
-    attributes at once; attributes are set in one call.
+    attributes at once; attributes are set in one call. A request whose caller's
+    ``traceparent`` says "not sampled" gets no span at all under a parent-based
+    sampler, and a dropped span's context goes down as one formatted header
+    (``common.observability.unsampled``).
     """
 
     def __init__(
@@ -275,6 +279,9 @@ class TierTracing:
         self.tier = tier
         self.propagator = propagator
         self.enabled = not isinstance(tracer, trace.NoOpTracer)
+        # A caller's unsampled traceparent settles it: no span (common.observability.unsampled).
+        self._skip_unsampled = self.enabled and skips_unsampled(tracer, propagator)
+        self._w3c_only = set(propagator.fields) <= {"traceparent", "tracestate", "baggage"}
         self.serve_at("", 0)
 
     def serve_at(self, host: str, port: int) -> None:
@@ -285,7 +292,7 @@ class TierTracing:
         }
 
     def server_span(self, method: str, metadata: Iterable[tuple[str, str | bytes]] | None) -> Span:
-        if not self.enabled:
+        if not self.enabled or (self._skip_unsampled and unsampled_parent(metadata or ())):
             return trace.INVALID_SPAN
         attributes = self._server_attributes.get(method) or {TIER: self.tier}
         return self.tracer.start_span(
@@ -387,4 +394,7 @@ class TierTracing:
     ) -> list[tuple[str, str]]:
         """Downstream metadata carrying this tier's context: the attempt span's, or
         (sampled out) the server span's, so the tiers below keep the sampling decision."""
-        return inject_context(metadata, lease.span or parent, self.propagator)
+        span = lease.span or parent
+        if self._w3c_only and not span.is_recording() and span.get_span_context().is_valid:
+            return inject_unsampled(metadata, span)
+        return inject_context(metadata, span, self.propagator)
