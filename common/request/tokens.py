@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from common.gen.inference import grpc_service_pb2 as pb
@@ -49,8 +50,12 @@ def _count(value: object) -> int | None:
     return value if 0 <= value <= MAX_COUNT else None
 
 
-def _param_count(response: pb.ModelInferResponse, name: str) -> int | None:
-    param = response.parameters.get(name)
+# A response's ``parameters`` map (read once per response: each access builds a wrapper).
+Parameters = Mapping[str, pb.InferParameter]
+
+
+def _param_count(parameters: Parameters, name: str) -> int | None:
+    param = parameters.get(name)
     if param is None:
         return None
     kind = param.WhichOneof("parameter_choice")
@@ -62,8 +67,8 @@ def _param_count(response: pb.ModelInferResponse, name: str) -> int | None:
     return None
 
 
-def _usage(response: pb.ModelInferResponse) -> tuple[int | None, int | None]:
-    param = response.parameters.get(USAGE)
+def _usage(parameters: Parameters) -> tuple[int | None, int | None]:
+    param = parameters.get(USAGE)
     if param is None or param.WhichOneof("parameter_choice") != "string_param":
         return None, None
     if len(param.string_param) > _MAX_USAGE_CHARS:
@@ -110,10 +115,11 @@ class TokenCount:
 
     def add(self, response: pb.ModelInferResponse) -> None:
         """Take in one response of the request (the only one, or the next of a stream)."""
-        prompt = _param_count(response, PROMPT_TOKENS)
-        completion = _param_count(response, COMPLETION_TOKENS)
+        parameters = response.parameters  # one wrapper for the three look-ups
+        prompt = _param_count(parameters, PROMPT_TOKENS)
+        completion = _param_count(parameters, COMPLETION_TOKENS)
         if prompt is None and completion is None:
-            prompt, completion = _usage(response)
+            prompt, completion = _usage(parameters)
         if prompt is None and completion is None:
             prompt = _output_count(response, NUM_INPUT_TOKENS)
             delta = _output_count(response, NUM_OUTPUT_TOKENS)

@@ -73,6 +73,8 @@ def encode_bytes_tensor(items: list[bytes]) -> bytes:
 
 def decode_bytes_tensor(raw: bytes) -> list[bytes]:
     """Inverse of ``encode_bytes_tensor``; ``ValueError`` on a truncated buffer."""
+    if len(raw) >= 4 and struct.unpack_from("<I", raw)[0] == len(raw) - 4:
+        return [raw[4:]]  # one element filling the buffer: a prompt, a generated text
     items, offset = [], 0
     while offset < len(raw):
         if offset + 4 > len(raw):
@@ -110,85 +112,98 @@ def parse_generate(
     duplicate input names, raw contents matching inputs one to one, then the
     ``text_input`` prompt (BYTES, one element, shape matching, at most
     ``limits.max_prompt_bytes``, UTF-8) and ``max_tokens`` (1..MAX_TOKENS_LIMIT).
+
+    Every request passes here at every tier, so each protobuf field is read once: a
+    repeated field's wrapper costs about as much as parsing the whole small message.
     """
-    if not request.model_name:
+    model, version = request.model_name, request.model_version
+    if not model:
         raise RouteError.invalid("model_name is empty; name the model to run")
-    for what, value in (
-        ("model_name", request.model_name),
-        ("model_version", request.model_version),
-    ):
+    for what, value in (("model_name", model), ("model_version", version)):
         if len(value) > MAX_NAME_CHARS:
             raise RouteError.invalid(
                 f"{what} is {len(value)} characters long; at most {MAX_NAME_CHARS} are accepted"
             )
-    if len(request.inputs) > limits.max_inputs:
+    inputs = request.inputs
+    if len(inputs) > limits.max_inputs:
         raise RouteError.invalid(
-            f"the request has {len(request.inputs)} inputs; at most {limits.max_inputs} "
+            f"the request has {len(inputs)} inputs; at most {limits.max_inputs} "
             "are accepted (limits.max_inputs)"
         )
-    names: set[str] = set()
-    for tensor in request.inputs:
-        if tensor.name in names:
-            raise RouteError.invalid(f"input {tensor.name[:64]!r} appears more than once")
-        names.add(tensor.name)
-    use_raw = len(request.raw_input_contents) > 0
-    if use_raw and len(request.raw_input_contents) != len(request.inputs):
+    tensors = list(inputs)
+    names = [tensor.name for tensor in tensors]
+    if len(set(names)) != len(names):
+        seen: set[str] = set()
+        for name in names:
+            if name in seen:
+                raise RouteError.invalid(f"input {name[:64]!r} appears more than once")
+            seen.add(name)
+    # Indexed, not copied: inputs the router does not read may be large.
+    raw = request.raw_input_contents
+    use_raw = len(raw) > 0
+    if use_raw and len(raw) != len(tensors):
         raise RouteError.invalid(
-            f"raw_input_contents has {len(request.raw_input_contents)} entries but the "
-            f"request has {len(request.inputs)} inputs; they must match one to one"
+            f"raw_input_contents has {len(raw)} entries but the "
+            f"request has {len(tensors)} inputs; they must match one to one"
         )
     prompt: str | None = None
     max_tokens: int | None = None
-    for i, tensor in enumerate(request.inputs):
-        if tensor.name == TEXT_INPUT:
-            prompt = _text_input(request, i, use_raw, limits)
-        elif tensor.name == MAX_TOKENS:
-            max_tokens = _max_tokens_input(request, i, use_raw)
+    for i, name in enumerate(names):
+        if name == TEXT_INPUT:
+            prompt = _text_input(tensors[i], raw[i] if use_raw else None, limits)
+        elif name == MAX_TOKENS:
+            max_tokens = _max_tokens_input(tensors[i], raw[i] if use_raw else None)
     if prompt is None:
         raise RouteError.invalid(
             f"missing BYTES input '{TEXT_INPUT}' (the prompt); generate requests need it"
         )
-    if MAX_TOKENS in request.parameters:
-        max_tokens = param_int(request.parameters[MAX_TOKENS], f"parameter '{MAX_TOKENS}'")
+    parameters = request.parameters
+    if MAX_TOKENS in parameters:
+        max_tokens = param_int(parameters[MAX_TOKENS], f"parameter '{MAX_TOKENS}'")
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
         raise RouteError.invalid(
             f"'{MAX_TOKENS}' must be between 1 and {MAX_TOKENS_LIMIT}, got {max_tokens}"
         )
-    return GenerateRequest(request.model_name, request.model_version, prompt, max_tokens)
+    return GenerateRequest(model, version, prompt, max_tokens)
 
 
-def _check_shape(tensor: pb.ModelInferRequest.InferInputTensor, elements: int) -> None:
+Tensor = pb.ModelInferRequest.InferInputTensor
+
+
+def _check_shape(tensor: Tensor, elements: int) -> None:
     """INVALID_ARGUMENT unless the declared shape holds exactly ``elements`` elements."""
-    shape = list(tensor.shape)[:8]  # as much as a message needs to show
+    dims = tensor.shape
+    if len(dims) == 1 and dims[0] == elements:  # what every generate request declares
+        return
     declared = 1
-    for dim in tensor.shape:
+    for dim in dims:
         if dim < 0:
             raise RouteError.invalid(
-                f"input '{tensor.name}' has a negative dimension in shape {shape}"
+                f"input '{tensor.name}' has a negative dimension in shape {list(dims)[:8]}"
             )
         declared *= dim
         if declared > elements:
             break
     if declared != elements:
+        shape = list(dims)[:8]  # as much as a message needs to show
         raise RouteError.invalid(
             f"input '{tensor.name}' has shape {shape} but holds {elements} element(s); "
             f"the shape must match the contents (e.g. [{elements}])"
         )
 
 
-def _text_input(request: pb.ModelInferRequest, index: int, use_raw: bool, limits: Limits) -> str:
-    tensor = request.inputs[index]
-    if tensor.datatype != "BYTES":
+def _text_input(tensor: Tensor, raw: bytes | None, limits: Limits) -> str:
+    """The prompt from ``tensor`` (its raw contents ``raw``, None: typed contents)."""
+    datatype = tensor.datatype
+    if datatype != "BYTES":
         raise RouteError.invalid(
-            f"input '{TEXT_INPUT}' must have datatype BYTES, got {tensor.datatype[:32]!r}"
+            f"input '{TEXT_INPUT}' must have datatype BYTES, got {datatype[:32]!r}"
         )
     try:
         items = (
-            decode_bytes_tensor(request.raw_input_contents[index])
-            if use_raw
-            else list(tensor.contents.bytes_contents)
+            decode_bytes_tensor(raw) if raw is not None else list(tensor.contents.bytes_contents)
         )
     except ValueError as exc:
         raise RouteError.invalid(f"input '{TEXT_INPUT}': {exc}") from None
@@ -197,29 +212,30 @@ def _text_input(request: pb.ModelInferRequest, index: int, use_raw: bool, limits
             f"input '{TEXT_INPUT}' must hold exactly one element, got {len(items)}"
         )
     _check_shape(tensor, 1)
-    if len(items[0]) > limits.max_prompt_bytes:
+    prompt = items[0]
+    if len(prompt) > limits.max_prompt_bytes:
         raise RouteError.invalid(
-            f"input '{TEXT_INPUT}' is {len(items[0])} bytes; the limit is "
+            f"input '{TEXT_INPUT}' is {len(prompt)} bytes; the limit is "
             f"{limits.max_prompt_bytes} bytes (limits.max_prompt_bytes)"
         )
     try:
-        return items[0].decode("utf-8")
+        return prompt.decode("utf-8")
     except UnicodeDecodeError:
         raise RouteError.invalid(f"input '{TEXT_INPUT}' is not valid UTF-8") from None
 
 
-def _max_tokens_input(request: pb.ModelInferRequest, index: int, use_raw: bool) -> int:
-    tensor = request.inputs[index]
-    fmt = _INT_FORMATS.get(tensor.datatype)
+def _max_tokens_input(tensor: Tensor, raw: bytes | None) -> int:
+    """``max_tokens`` from ``tensor`` (its raw contents ``raw``, None: typed contents)."""
+    datatype = tensor.datatype
+    fmt = _INT_FORMATS.get(datatype)
     if fmt is None:
         raise RouteError.invalid(
-            f"input '{MAX_TOKENS}' must be an integer tensor, got {tensor.datatype[:32]!r}"
+            f"input '{MAX_TOKENS}' must be an integer tensor, got {datatype[:32]!r}"
         )
-    if use_raw:
-        raw = request.raw_input_contents[index]
+    if raw is not None:
         if len(raw) != struct.calcsize(fmt):
             raise RouteError.invalid(
-                f"input '{MAX_TOKENS}' must hold exactly one {tensor.datatype} element "
+                f"input '{MAX_TOKENS}' must hold exactly one {datatype} element "
                 f"({struct.calcsize(fmt)} raw bytes), got {len(raw)} bytes"
             )
         values = [int(struct.unpack(fmt, raw)[0])]
