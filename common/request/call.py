@@ -136,6 +136,13 @@ def current_call(method: str, metadata: Iterable[tuple[str, Any]] | None) -> Cal
     return CURRENT_CALL.get() or CallRecord(method, metadata or (), time.monotonic())
 
 
+def call_of(method: str, context: Any) -> CallRecord:
+    """``current_call`` with the metadata of ``context`` (the call's), read only when
+    no interceptor made the record (each read builds it anew)."""
+    call = CURRENT_CALL.get()
+    return call if call is not None else current_call(method, context.invocation_metadata())
+
+
 class CallObserver(Protocol):
     """A cross-cutting concern: sees each inference call start and end."""
 
@@ -168,6 +175,9 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
 
     def __init__(self, observers: Sequence[CallObserver]) -> None:
         self.observers = tuple(observers)
+        # The observed handler of each method, built at its first call, kept while the
+        # handler below it stays the same object (the servicer's, or ParentOnly's own).
+        self._observed: dict[str, tuple[grpc.RpcMethodHandler, grpc.RpcMethodHandler]] = {}
 
     async def intercept_service(
         self,
@@ -175,14 +185,26 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        method = handler_call_details.method.rpartition("/")[2]
+        path = handler_call_details.method
+        kept = self._observed.get(path)
+        if kept is not None and kept[0] is handler:
+            return kept[1]
+        method = path.rpartition("/")[2]
         if handler is None or method not in INFER_METHODS or not self.observers:
             return handler
-        metadata = handler_call_details.invocation_metadata or ()
+        observed = self._observing(method, handler)
+        if len(self._observed) < 16:  # the two inference methods, whatever the path
+            self._observed[path] = (handler, observed)
+        return observed
+
+    def _observing(self, method: str, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
+        """``handler`` run as observed calls of ``method`` (the caller's metadata read
+        from each call's context: the same the call details carry)."""
         if handler.unary_unary is not None:
             unary = handler.unary_unary
 
             async def observed_unary(request: Any, context: Any) -> Any:
+                metadata = context.invocation_metadata() or ()
                 return await self.observe(method, metadata, context, unary(request, context))
 
             return grpc.unary_unary_rpc_method_handler(
@@ -194,6 +216,7 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
             stream = handler.stream_stream
 
             async def observed_stream(requests: AsyncIterator[Any], context: Any) -> Any:
+                metadata = context.invocation_metadata() or ()
                 return await self.observe(method, metadata, context, stream(requests, context))
 
             return grpc.stream_stream_rpc_method_handler(

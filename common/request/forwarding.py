@@ -149,7 +149,9 @@ class UnaryAttempt(Generic[T]):
         assert child.stub is not None
         call = getattr(child.stub, self.method)(self.request, metadata=metadata, timeout=timeout)
         response = await call
-        return response, await call.trailing_metadata()
+        # A tuple, iterated several times below (route, capacity hint, load, passed up),
+        # where grpc's Metadata iterates through a generator each time.
+        return response, tuple(await call.trailing_metadata())
 
 
 class AttemptTracing(Protocol):

@@ -27,7 +27,7 @@ from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.abort import abort_call
 from common.request.balancer import Balancer
-from common.request.call import STREAM_METHOD, CallRecord, current_call
+from common.request.call import STREAM_METHOD, CallRecord, call_of
 from common.request.children import ChildSet
 from common.request.forwarding import Forwarder, UnaryAttempt
 from common.request.pick import PickRequest
@@ -151,10 +151,10 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
     async def ModelInfer(
         self, request: pb.ModelInferRequest, context: grpc.aio.ServicerContext
     ) -> pb.ModelInferResponse:
-        call = current_call("ModelInfer", context.invocation_metadata())
+        call = call_of("ModelInfer", context)
         call.model = request.model_name
         try:
-            hints = call.hints = self.hints(context)
+            hints = call.hints = self.hints(context, call)
             gen = parse_generate(request, self.limits)
             pick = self.pick_request(gen.model, gen.version, hints, gen)
             call.prompt_tokens, call.max_tokens = pick.prompt_tokens, pick.max_tokens
@@ -181,9 +181,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         context: grpc.aio.ServicerContext,
     ) -> None:
         """Every request of the stream on its own (``common.request.streaming``)."""
-        call = current_call("ModelStreamInfer", context.invocation_metadata())
+        call = call_of("ModelStreamInfer", context)
         try:
-            hints = call.hints = self.hints(context)
+            hints = call.hints = self.hints(context, call)
             release = (
                 no_release
                 if self.open_streams is None
@@ -210,9 +210,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         SSE): a ModelStreamInfer of that one request whose failure ends the call with
         its status (and trailers), as ``x-meridian-single-request`` makes it between
         tiers, so a refusal before any response is an HTTP status, not a stream event."""
-        call = current_call(STREAM_METHOD, context.invocation_metadata())
+        call = call_of(STREAM_METHOD, context)
         try:
-            hints = call.hints = self.hints(context)
+            hints = call.hints = self.hints(context, call)
             path = self._request_path(hints, context, call)
             relay = StreamRelay(context, call, path, self.limits, single=True)
             await relay.relay(_one(request))
@@ -245,8 +245,12 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         trailers = (*err.trailers, (CAPACITY_HINT, hint)) if hint else err.trailers
         await abort_call(context, err.code, err.message, trailers)  # quiet past the deadline
 
-    def hints(self, context: grpc.aio.ServicerContext) -> RouteHints:
-        metadata = context.invocation_metadata()
+    def hints(
+        self, context: grpc.aio.ServicerContext, call: CallRecord | None = None
+    ) -> RouteHints:
+        # The call's record holds the metadata already (each invocation_metadata() call
+        # builds it anew).
+        metadata = context.invocation_metadata() if call is None else tuple(call.metadata)
         hints = parse_hints(metadata, trust_internal=self.spec.trust_internal)
         return self.gate.identify(metadata, hints)
 

@@ -168,3 +168,17 @@ async def test_a_streams_requests_reach_the_observers_on_records_of_their_own(
     assert len(requests) == 2
     assert all(rec.stream is stream and rec.completion_tokens == 2 for rec in requests.values())
     assert (stream.requests, stream.completion_tokens, stream.code) == (2, 4, grpc.StatusCode.OK)
+
+
+async def test_each_call_of_a_method_gets_a_record_of_its_own_metadata(
+    served: tuple[pb_grpc.GRPCInferenceServiceStub, list[Any]],
+) -> None:
+    """The observed handler is built once per method; what it records is each call's."""
+    stub, events = served
+    for session in ("one", "two", "three"):
+        request = generate_request("m", "hi")
+        await stub.ModelInfer(request, metadata=[("x-meridian-session", session)], timeout=5)
+    ended = [call for kind, name, call in events if kind == "ended" and name == "first"]
+    sessions = [dict(call.metadata).get("x-meridian-session") for call in ended]
+    assert sessions == ["one", "two", "three"]
+    assert len({id(call) for call in ended}) == 3
