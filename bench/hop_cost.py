@@ -50,7 +50,7 @@ INFER = "/inference.GRPCInferenceService/ModelInfer"
 BARE = ("bare-global", "bare-regional", "bare-local")
 
 
-def fleet_spec(gpus: int, time_scale: float) -> dict[str, Any]:
+def fleet_spec(gpus: int, time_scale: float, *, quotas: bool = True) -> dict[str, Any]:
     """The demo fleet cut to one zone of ``gpus`` GPUs, on free ports, one tenant whose
     limits never bind here."""
     spec: dict[str, Any] = yaml.safe_load(DEMO_FLEET.read_text())
@@ -64,19 +64,10 @@ def fleet_spec(gpus: int, time_scale: float) -> dict[str, Any]:
         for i in range(gpus)
     ]
     spec["time_scale"] = time_scale
-    spec["auth"] = {
-        "enabled": True,
-        "tenants": [
-            {
-                "id": TENANT,
-                "api_key": "generate",
-                "priority_ceiling": "critical",
-                "requests_per_s": 1_000_000,
-                "tokens_per_min": 1_000_000_000,
-                "max_concurrent": 4096,
-            }
-        ],
-    }
+    tenant: dict[str, Any] = {"id": TENANT, "api_key": "generate", "priority_ceiling": "critical"}
+    if quotas:  # limits that never bind here, but are counted in Redis on every request
+        tenant.update(requests_per_s=1_000_000, tokens_per_min=1_000_000_000, max_concurrent=4096)
+    spec["auth"] = {"enabled": True, "tenants": [tenant]}
     return spec
 
 
@@ -96,7 +87,8 @@ class Bench:
 
     def __init__(self, run_dir: Path, args: argparse.Namespace) -> None:
         path = run_dir / "fleet.yaml"
-        path.write_text(yaml.safe_dump(fleet_spec(args.gpus, args.time_scale)))
+        spec = fleet_spec(args.gpus, args.time_scale, quotas=not args.no_quotas)
+        path.write_text(yaml.safe_dump(spec))
         self.fleet = Fleet(path, run_dir / "run", tls=not args.no_tls)
         topo = self.fleet.topology
         zone = topo.regions[0].zones[0]
@@ -313,6 +305,7 @@ async def run(bench: Bench, args: argparse.Namespace) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
         "params": vars(args),
         "tls": not args.no_tls,
+        "quotas": not args.no_quotas,
         "otel_env": {k: v for k, v in os.environ.items() if k.startswith("OTEL_")},
         "idle_cpu_s_per_s": idle,
         "rounds": rounds,
@@ -331,6 +324,9 @@ def main() -> None:
     parser.add_argument("--idle", type=float, default=3.0, help="seconds of idle CPU sampling")
     parser.add_argument("--targets", default="direct,bare1,local,bare2,regional,bare3,chain")
     parser.add_argument("--no-tls", action="store_true", help="plaintext between tiers")
+    parser.add_argument(
+        "--no-quotas", action="store_true", help="the tenant has no rate or concurrency limit"
+    )
     parser.add_argument("--out", default="hop_cost", help="results/OUT.json and OUT.md")
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
