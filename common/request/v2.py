@@ -117,13 +117,7 @@ def parse_generate(
     repeated field's wrapper costs about as much as parsing the whole small message.
     """
     model, version = request.model_name, request.model_version
-    if not model:
-        raise RouteError.invalid("model_name is empty; name the model to run")
-    for what, value in (("model_name", model), ("model_version", version)):
-        if len(value) > MAX_NAME_CHARS:
-            raise RouteError.invalid(
-                f"{what} is {len(value)} characters long; at most {MAX_NAME_CHARS} are accepted"
-            )
+    _check_names(model, version)
     inputs = request.inputs
     if len(inputs) > limits.max_inputs:
         raise RouteError.invalid(
@@ -170,6 +164,16 @@ def parse_generate(
 
 
 Tensor = pb.ModelInferRequest.InferInputTensor
+
+
+def _check_names(model: str, version: str) -> None:
+    if not model:
+        raise RouteError.invalid("model_name is empty; name the model to run")
+    for what, value in (("model_name", model), ("model_version", version)):
+        if len(value) > MAX_NAME_CHARS:
+            raise RouteError.invalid(
+                f"{what} is {len(value)} characters long; at most {MAX_NAME_CHARS} are accepted"
+            )
 
 
 def _check_shape(tensor: Tensor, elements: int) -> None:
