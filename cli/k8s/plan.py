@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import copy
 import ipaddress
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from cli.k8s import options as conv
 from cli.k8s.names import fqdn, is_loopback, label_value, resource_name, unique
 from cli.k8s.options import RenderOptions
+from common.config.gpu import GpuConfig
 from common.config.identity import GLOBAL, Identity, check_fleet_names, gpu_servers, local, regional
 from common.config.node import ConfigError, Endpoint
 from common.config.topology import Topology, ZoneConfig, topology_from_mapping
@@ -87,24 +89,31 @@ def _port(endpoint: Endpoint | None, default: int) -> int:
     return default if endpoint is None or endpoint.port == 0 else endpoint.port
 
 
+def _gpu_entries(raw: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """(key path, entry) of every GPU entry that is a mapping (the loader judges the rest)."""
+    for i, region in enumerate(raw.get("regions") or []):
+        zones = region.get("zones") if isinstance(region, dict) else None
+        for j, zone in enumerate(zones if isinstance(zones, list) else []):
+            gpus = zone.get("gpus") if isinstance(zone, dict) else None
+            for k, gpu in enumerate(gpus if isinstance(gpus, list) else []):
+                if isinstance(gpu, dict):
+                    yield f"regions[{i}].zones[{j}].gpus[{k}]", gpu
+
+
 def validate(raw: dict[str, Any], options: RenderOptions) -> Topology:
     """Parse ``raw`` as a tier would, except the TLS files (absent here unless
-    ``--tls secrets``, which embeds them)."""
+    ``--tls secrets``, which embeds them; in the pods they are mounted)."""
     probe = copy.deepcopy(raw)
     if options.tls == "secrets":
         if "tls" not in probe:
             raise ConfigError("--tls secrets: the topology has no tls section to take files from")
         return topology_from_mapping(probe)
     probe.pop("tls", None)
-    fleet_ca_gpus = False
-    for region in probe.get("regions") or []:
-        for zone in (region or {}).get("zones") or [] if isinstance(region, dict) else []:
-            for gpu in (zone or {}).get("gpus") or [] if isinstance(zone, dict) else []:
-                if isinstance(gpu, dict) and gpu.get("tls") is True:
-                    gpu["tls"] = False  # needs the fleet CA, which the pods get
-                    fleet_ca_gpus = True
-    if fleet_ca_gpus and options.tls == "none":
-        raise ConfigError("--tls none: a GPU says tls: true, which needs the fleet's CA")
+    for key, gpu in _gpu_entries(probe):
+        if gpu.get("tls") is True:  # verified against the fleet's CA, which the pods mount
+            if options.tls == "none":
+                raise ConfigError(f"{key}.tls: true needs the fleet's CA, but --tls is none")
+            gpu["tls"] = False
     topology = topology_from_mapping(probe)
     if options.tls != "none":
         check_fleet_names([(r.name, [z.name for z in r.zones]) for r in topology.regions])
@@ -201,7 +210,7 @@ def _zone(
 def _external(
     plan: Plan,
     key: str,
-    gpu: Any,
+    gpu: GpuConfig,
     has_metrics: bool,
     raw_gpu: dict[str, Any],
     options: RenderOptions,

@@ -360,3 +360,34 @@ def test_a_name_kubernetes_cannot_take_is_refused_naming_its_key() -> None:
     raw["regions"][2]["zones"][1]["name"] = "ap_southeast_1b_" + "x" * 60
     with pytest.raises(ConfigError, match=r"^regions\[2\]\.zones\[1\]\.name: 'ap_southeast_1b_x"):
         render(raw, RenderOptions(emulated_gpus=True, tls="none"), config="x")
+
+
+def test_an_emulated_gpu_on_the_fleets_ca_gets_its_own_certificate() -> None:
+    raw = demo_raw()
+    raw["regions"][0]["zones"][1]["gpus"][0]["tls"] = True
+    rendered = render(raw, RenderOptions(emulated_gpus=True), config="x")
+    cert = _by_kind(rendered, "Certificate")["meridian-tls-gpu-us-east-us-east-1b"]["spec"]
+    assert cert["uris"] == ["spiffe://meridian/gpu/us-east/us-east-1b"]
+    assert cert["ipAddresses"] == ["127.0.0.1"]  # dialled on loopback in its pod
+    assert "client auth" not in cert["usages"]
+    pod = _by_kind(rendered, "Deployment")["meridian-local-us-east-1b"]["spec"]["template"]["spec"]
+    sources = next(v for v in pod["volumes"] if v["name"] == "tls")["projected"]["sources"]
+    assert [s["secret"]["name"] for s in sources] == [
+        "meridian-tls-local-us-east-us-east-1b",
+        "meridian-tls-gpu-us-east-us-east-1b",
+    ]
+    with pytest.raises(ConfigError) as err:
+        render(raw, RenderOptions(emulated_gpus=True, tls="none"), config="x")
+    assert str(err.value) == (
+        "regions[0].zones[1].gpus[0].tls: true needs the fleet's CA, but --tls is none"
+    )
+
+
+def test_shared_redis_keeps_every_region_on_the_one_redis() -> None:
+    topology = render_demo(RenderOptions(emulated_gpus=True, redis_per_region=False)).topology
+    assert topology["redis_url"] == "redis://meridian-redis.meridian.svc.cluster.local:6379/0"
+    assert not any("redis_url" in region for region in topology["regions"])
+    raw = demo_raw()
+    raw["redis_url"] = "redis+sentinel://sentinel-0.redis:26379,sentinel-1.redis:26379/mymaster/0"
+    kept = render(raw, RenderOptions(emulated_gpus=True, tls="none"), config="x").topology
+    assert kept["redis_url"] == raw["redis_url"]  # not loopback: the operator's, as written
