@@ -101,56 +101,55 @@ def deployment(
     }
 
 
-def service(instance: TierInstance, options: RenderOptions) -> dict[str, Any]:
-    ports = [
-        {
-            "name": "grpc",
-            "port": instance.grpc_port,
-            "targetPort": "grpc",
-            "protocol": "TCP",
-            "appProtocol": "kubernetes.io/h2c",
-        }
-    ]
-    if instance.openai_port is not None:
-        ports.append(
-            {
-                "name": "openai",
-                "port": instance.openai_port,
-                "targetPort": "openai",
-                "protocol": "TCP",
-                "appProtocol": "http",
-            }
-        )
-    if instance.ext_proc_port is not None:
-        ports.append(
-            {
-                "name": "ext-proc",
-                "port": instance.ext_proc_port,
-                "targetPort": "ext-proc",
-                "protocol": "TCP",
-                "appProtocol": "kubernetes.io/h2c",
-            }
-        )
-    ports.append(
-        {
-            "name": "ops",
-            "port": instance.ops_port,
-            "targetPort": "ops",
-            "protocol": "TCP",
-            "appProtocol": "http",
-        }
-    )
-    spec: dict[str, Any] = {"selector": selector(instance), "ports": ports}
-    if instance.kind == "global":
-        spec = {"type": options.global_service_type, **spec}
-    else:
-        spec = {"clusterIP": "None", "publishNotReadyAddresses": False, **spec}
+def _port(name: str, port: int, protocol: str) -> dict[str, Any]:
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _meta(instance, options),
-        "spec": spec,
+        "name": name,
+        "port": port,
+        "targetPort": name,
+        "protocol": "TCP",
+        "appProtocol": protocol,
     }
+
+
+H2C = "kubernetes.io/h2c"
+
+
+def services(instance: TierInstance, options: RenderOptions) -> list[dict[str, Any]]:
+    """The instance's Service; the global tier's carries only what clients call (its ops
+    HTTP, with the dashboard and /api/state, is a ClusterIP Service of its own, so a
+    LoadBalancer never publishes it)."""
+    ports = [_port("grpc", instance.grpc_port, H2C)]
+    if instance.openai_port is not None:
+        ports.append(_port("openai", instance.openai_port, "http"))
+    if instance.ext_proc_port is not None:
+        ports.append(_port("ext-proc", instance.ext_proc_port, H2C))
+    ops = _port("ops", instance.ops_port, "http")
+    if instance.kind != "global":
+        spec = {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": False,
+            "selector": selector(instance),
+            "ports": [*ports, ops],
+        }
+        return [
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": _meta(instance, options),
+                "spec": spec,
+            }
+        ]
+    edge = {"type": options.global_service_type, "selector": selector(instance), "ports": ports}
+    inside = {"type": "ClusterIP", "selector": selector(instance), "ports": [ops]}
+    return [
+        {"apiVersion": "v1", "kind": "Service", "metadata": _meta(instance, options), "spec": edge},
+        {
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": _meta(instance, options, f"{instance.name}-ops"),
+            "spec": inside,
+        },
+    ]
 
 
 def disruption_budget(instance: TierInstance, options: RenderOptions) -> dict[str, Any]:
@@ -205,7 +204,7 @@ def tier_manifests(
 ) -> list[dict[str, Any]]:
     out = [
         deployment(instance, options, with_auth=with_auth, tls=tls, config_digest=config_digest),
-        service(instance, options),
+        *services(instance, options),
         disruption_budget(instance, options),
     ]
     hpa = autoscaler(instance, options)

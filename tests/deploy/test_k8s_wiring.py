@@ -391,3 +391,13 @@ def test_shared_redis_keeps_every_region_on_the_one_redis() -> None:
     raw["redis_url"] = "redis+sentinel://sentinel-0.redis:26379,sentinel-1.redis:26379/mymaster/0"
     kept = render(raw, RenderOptions(emulated_gpus=True, tls="none"), config="x").topology
     assert kept["redis_url"] == raw["redis_url"]  # not loopback: the operator's, as written
+
+
+def test_a_load_balancer_publishes_the_edge_ports_only() -> None:
+    options = RenderOptions(emulated_gpus=True, global_service_type="LoadBalancer")
+    services = _by_kind(render_demo(options), "Service")
+    edge = services["meridian-global"]["spec"]
+    assert edge["type"] == "LoadBalancer"
+    assert [p["name"] for p in edge["ports"]] == ["grpc", "openai"]
+    ops = services["meridian-global-ops"]["spec"]
+    assert (ops["type"], [p["port"] for p in ops["ports"]]) == ("ClusterIP", [8002])
