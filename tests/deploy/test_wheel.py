@@ -202,8 +202,25 @@ def test_a_zone_runs_from_the_installed_wheel(
                 )
             )
         _wait_serving(address, service, processes[-1], log)
+    # What a rolling update relies on: on SIGTERM the tier says NOT_SERVING (to a parent
+    # watching its health) before it stops accepting, then drains and exits 0.
     local = processes[-1]
-    local.send_signal(signal.SIGTERM)
+    with grpc.insecure_channel(zone["listen"]) as channel:
+        watch = health_pb2_grpc.HealthStub(channel).Watch(
+            health_pb2.HealthCheckRequest(service=probe["service"]), timeout=30
+        )
+        seen = [next(watch).status]
+        local.send_signal(signal.SIGTERM)
+        try:
+            for reply in watch:
+                seen.append(reply.status)
+        except grpc.RpcError:
+            pass  # the server went away after saying so
+    serving, not_serving = (
+        health_pb2.HealthCheckResponse.SERVING,
+        health_pb2.HealthCheckResponse.NOT_SERVING,
+    )
+    assert seen[:2] == [serving, not_serving], seen
     assert local.wait(15) == 0
     assert "tier stopped" in (tmp_path / "local.log").read_text()
 
