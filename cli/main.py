@@ -24,7 +24,12 @@ from common.observability.logs import FORMAT_ENV, LEVEL_ENV, LogSettings, config
 
 
 def _topology(args: argparse.Namespace) -> Topology:
-    topology = load_topology(args.config)
+    if getattr(args, "auth_file", None):  # meridian global only
+        from cli.auth_file import load_with_auth
+
+        topology = load_with_auth(args.config, args.auth_file)
+    else:
+        topology = load_topology(args.config)
     if getattr(args, "redis", None):  # a worker has no --redis
         topology = dataclasses.replace(topology, redis_url=args.redis)
     if getattr(args, "ext_proc_listen", None):  # meridian local only
@@ -210,6 +215,10 @@ def _dispatch(args: argparse.Namespace) -> int:
         from cli.top import top_main
 
         return top_main(args)
+    elif args.command == "deploy":
+        from cli.k8s.command import deploy_main
+
+        return deploy_main(args)
     return 0
 
 

@@ -31,6 +31,7 @@ DESCRIPTION = """Run one tier, a whole demo fleet, or a load generator.
   meridian admin    list | drain NAME | undrain NAME | weight GPU W | reload
   meridian usage    --redis redis://127.0.0.1:6379/0 [--since 24h]
   meridian sim      fleet --gpus 1024 --regions 6 | run [--quick]
+  meridian deploy   k8s --config topology.yaml [--image IMG] [--namespace NS] [--out DIR]
 
 Every command has its own options: meridian COMMAND --help.
 """
@@ -90,6 +91,13 @@ def _server_parsers(sub: Any, env: LogSettings) -> None:
         p = sub.add_parser(name, help=what, description=what, formatter_class=HelpFormatter)
         _tier_options(p, where, env)
         p.add_argument("--redis", **redis)
+        if name == "global":
+            p.add_argument(
+                "--auth-file",
+                metavar="FILE",
+                help="the topology's auth section (tenants, key digests, admin keys) from a "
+                "file of its own, e.g. a mounted Kubernetes Secret; it replaces the topology's",
+            )
         if name == "local":
             p.add_argument(
                 "--policy",
@@ -237,4 +245,7 @@ def build_parser(env: LogSettings | None = None) -> argparse.ArgumentParser:
 
     add_top_parser(sub)
     _loadgen_parser(sub)
+    from cli.k8s.command import add_parser as add_deploy_parser
+
+    add_deploy_parser(sub)
     return parser
