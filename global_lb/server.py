@@ -9,6 +9,7 @@ from common.basics.errors import RouteError
 from common.basics.geo import GeoPoint
 from common.capacity.streams import region_stream
 from common.config.identity import GLOBAL
+from common.config.redis_layout import RedisKeys, redis_url_for
 from common.config.tls import tier_tls
 from common.config.topology import Topology
 from common.observability.tracing import Telemetry, setup_tracing
@@ -84,7 +85,10 @@ def build_global_tier(
     tls = tier_tls(topology, GLOBAL)  # its own certificate, presented to the regions
     regions = tier_children(topology, region_children(topology), "region", tls=tls)
     reader = summary_reader(
-        topology, {region_stream(r.name): r.name for r in topology.regions}, regions
+        topology,
+        {region_stream(r.name): r.name for r in topology.regions},
+        regions,
+        RedisKeys.REGION_SUMMARIES,
     )
     picker = region_picker(topology)
     # The global's ops HTTP also answers for the whole fleet and serves the dashboard.
@@ -107,7 +111,9 @@ def build_global_tier(
         reader=reader,
         tls=tls,
         admission=edge_admission(
-            topology.auth, topology.redis_url, usage_replicas_ack=topology.usage_replicas_ack
+            topology.auth,
+            redis_url_for(topology, RedisKeys.TENANTS),
+            usage_replicas_ack=topology.usage_replicas_ack,
         ),
         limits=topology.limits,
         keepalive=topology.liveness.keepalive,
