@@ -142,6 +142,20 @@ def _host_port(item: str, url: str) -> tuple[str, int]:
     return host, int(port_text)
 
 
+class _MasterConnection(asentinel.SentinelManagedConnection):
+    """A connection that asks the Sentinels where the master is whenever it reconnects.
+
+    redis-py 8.1's asyncio ``send_packed_command`` reconnects a dropped connection
+    with ``connect_check_health``, which skips the Sentinel lookup of ``connect``:
+    a single-connection client (the usage recorder's, for WAIT) kept dialling the
+    dead master after a failover. Here a reconnect goes through ``connect``."""
+
+    async def send_packed_command(self, command: Any, check_health: bool = True) -> None:
+        if not self.is_connected:
+            await self.connect()
+        await super().send_packed_command(command, check_health)
+
+
 class _OwnedSentinelPool(asentinel.SentinelConnectionPool):
     """A Sentinel pool that closes its Sentinel clients when it is closed itself."""
 
@@ -188,6 +202,10 @@ def _master_kwargs(target: SentinelTarget, options: ClientOptions) -> dict[str, 
     }
 
 
+def _async_master_kwargs(target: SentinelTarget, options: ClientOptions) -> dict[str, Any]:
+    return {**_master_kwargs(target, options), "connection_class": _MasterConnection}
+
+
 def async_redis(
     url: str,
     *,
@@ -207,7 +225,7 @@ def async_redis(
     manager = asentinel.Sentinel(
         list(target.sentinels), sentinel_kwargs=options.sentinel_kwargs(target)
     )
-    pool = _OwnedSentinelPool(target.service, manager, **_master_kwargs(target, options))
+    pool = _OwnedSentinelPool(target.service, manager, **_async_master_kwargs(target, options))
     client = aioredis.Redis(connection_pool=pool, single_connection_client=single_connection_client)
     client.auto_close_connection_pool = True  # the client owns its pool, as from_url's does
     return client
