@@ -10,13 +10,15 @@ Checked with real XLEN and SCAN on all three.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 
 import grpc
 import pytest
 import redis
 
+from cli.launcher import Fleet
 from common.basics.redis_embed import EmbeddedRedis
 from common.capacity.streams import region_stream, zone_stream
 from common.config.topology import Topology, topology_from_mapping
@@ -28,6 +30,7 @@ from global_lb.server import build_global_tier
 from local_lb.server import build_local_tier
 from regional_lb.server import build_regional_tier
 from sim.worker import ZoneWorkers
+from tests.conftest import small_fleet_spec
 from tests.e2e.test_fleet_quotas import (
     KEY,
     REGIONS,
@@ -146,4 +149,33 @@ async def test_each_region_keeps_its_zone_streams_on_its_own_redis(
         assert glob.zcard(lease) == 1
         await call
     finally:
+        glob.close()
+
+
+def test_meridian_up_starts_a_redis_of_its_own_for_a_region_that_asks(
+    fleet_factory: Callable[..., Fleet],
+) -> None:
+    """``redis_url: embedded`` on a region of the fleet file (cli.region_redis): the
+    launcher starts a second Redis, the region's zone streams go there, the others'
+    and the region streams stay on the fleet's Redis."""
+    spec = small_fleet_spec(regions=2, zones=1, gpus=1)
+    own, other = spec["regions"][0], spec["regions"][1]
+    own["redis_url"] = "embedded"
+    fleet = fleet_factory(spec)
+    assert set(fleet.region_redis) == {own["name"]} and fleet.redis is not None
+    assert fleet.topology.region(own["name"]).redis_url == fleet.region_redis[own["name"]].url
+    own_zone, other_zone = own["zones"][0]["name"], other["zones"][0]["name"]
+    regional = redis.Redis(port=fleet.region_redis[own["name"]].port, socket_timeout=2.0)
+    glob = redis.Redis(port=fleet.redis.port, socket_timeout=2.0)
+    try:
+        deadline = time.monotonic() + 10
+        while not regional.exists(zone_stream(own["name"], own_zone)):
+            assert time.monotonic() < deadline, "no zone summary on the region's own Redis"
+            time.sleep(0.1)
+        assert keys(regional, "meridian:capacity:*") == {zone_stream(own["name"], own_zone)}
+        assert not glob.exists(zone_stream(own["name"], own_zone))
+        assert glob.exists(zone_stream(other["name"], other_zone))
+        assert glob.exists(region_stream(own["name"]), region_stream(other["name"])) == 2
+    finally:
+        regional.close()
         glob.close()
