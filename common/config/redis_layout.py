@@ -20,7 +20,8 @@ the others are unaffected, and tenant quotas and billing stay in the one Redis
 every edge shares. The ``{…}`` parts are Redis Cluster hash tags: keys one
 script or one XREAD touches together share a slot (a region's zone streams;
 all region streams; one tenant's quota keys; the usage stream, its meta hash
-and its batch markers), so the same layout also runs on a Redis Cluster.
+and its batch markers), so the layout is ready for a Redis Cluster (Meridian
+has no Cluster client yet: a URL names one server or one Sentinel service).
 """
 
 from __future__ import annotations
@@ -46,12 +47,3 @@ def redis_url_for(topology: Topology, keys: RedisKeys, region: str | None = None
         return topology.region(region).redis_url or topology.redis_url
     return topology.redis_url
 
-
-def redis_urls(topology: Topology) -> dict[str, str]:
-    """Every Redis the topology uses, by what it holds (``global``, ``region <name>``)."""
-    urls = {"global": topology.redis_url}
-    for region in topology.regions:
-        url = redis_url_for(topology, RedisKeys.ZONE_SUMMARIES, region.name)
-        if url != topology.redis_url:
-            urls[f"region {region.name}"] = url
-    return urls

@@ -2,8 +2,9 @@
 
 In-process over real gRPC and three real Redis servers: each region's zone
 streams are on that region's Redis and nowhere else; the region streams, the
-tenant quota keys and the usage records are on the global Redis and on no
-region's; and the global tier routes to both regions on those summaries.
+tenant's concurrency lease and the usage records are on the global Redis and on no
+region's; the global tier routes to both regions on those summaries, and still
+does once one region's Redis is gone.
 Checked with real XLEN and SCAN on all three.
 """
 
@@ -148,6 +149,15 @@ async def test_each_region_keeps_its_zone_streams_on_its_own_redis(
             await asyncio.sleep(0.01)
         assert glob.zcard(lease) == 1
         await call
+
+        # A region's Redis lost: its summaries go stale, and both regions still serve.
+        redises.regions["eu"].stop()
+        await asyncio.sleep(2.0)  # past the summary TTL (3 × 0.5 s)
+        for region in (*REGIONS, *REGIONS):
+            metadata = [("authorization", f"Bearer {KEY}"), ("x-meridian-client-region", region)]
+            call = edge.ModelInfer(generate(f"to {region}", 2), metadata=metadata, timeout=10)
+            await call
+            assert (dict(await call.trailing_metadata()).get(ROUTE) or "").startswith(region)
     finally:
         glob.close()
 
