@@ -250,4 +250,6 @@ def sync_redis(
     pool = ssentinel.SentinelConnectionPool(
         target.service, manager, **_master_kwargs(target, options)
     )
-    return redis.Redis(connection_pool=pool)
+    client = redis.Redis(connection_pool=pool)
+    client.auto_close_connection_pool = True
+    return client
