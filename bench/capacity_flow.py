@@ -4,7 +4,7 @@ Four figures from one run:
 
 1. **propagation** — a zone's worker process (both its GPUs) is killed, then
    started again, ``--cycles`` times; the delay from the change to the first
-   ``meridian:capacity:region:<region>`` entry whose ``healthy_gpus`` shows it
+   ``meridian:capacity:region:{regions}:<region>`` entry whose ``healthy_gpus`` shows it
    (``bench.capacity_propagation``).
 2. **redis cost** — in-process, on a fresh embedded Redis: 125 zone publishers
    (8 GPUs each, 1000 GPUs), 16 regional readers + publishers and one global

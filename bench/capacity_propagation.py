@@ -1,7 +1,7 @@
 """Measurement (1) of capacity_flow: how fast a GPU-state change reaches the region stream.
 
 A zone's worker process (both its GPUs) is killed, then started again, ``--cycles`` times;
-the delay from the change to the first ``meridian:capacity:region:<region>`` entry whose
+the delay from the change to the first ``meridian:capacity:region:{regions}:<region>`` entry whose
 ``healthy_gpus`` shows it, read with XREAD BLOCK from here (the global tier's reader adds
 one XREAD round trip on top). The zone stream is watched too, to split the delay into
 "local tier noticed and published" and "regional tier republished".

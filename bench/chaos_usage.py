@@ -1,6 +1,6 @@
 """Usage records against what was served: lost, doubled and erased records.
 
-The edge writes one record per finished request to the Redis stream ``meridian:usage``
+The edge writes one record per finished request to the Redis stream ``meridian:{usage}``
 (``common.tenancy.usage``), carrying the call's trace id, which the bench chose
 (``chaos_load.traceparent``). A snapshot reads the whole stream (XRANGE in chunks); a check
 matches it call by call:

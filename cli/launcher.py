@@ -36,6 +36,7 @@ import grpc
 import yaml
 
 from cli.readiness import tier_ready
+from cli.region_redis import embed_region_redises
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.identity import Identity, local, regional
 from common.config.pki import FleetCA
@@ -225,6 +226,8 @@ class Fleet:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.redis = None if redis_url else EmbeddedRedis(data_dir=self.run_dir / "redis")
         raw["redis_url"] = redis_url or self.redis.url  # type: ignore[union-attr]
+        # Regions whose entry says ``redis_url: embedded`` get their own (cli.region_redis).
+        self.region_redis = embed_region_redises(raw, self.run_dir)
         ca = None
         if not tls:
             raw.pop("tls", None)
@@ -326,6 +329,8 @@ class Fleet:
             self.redis.start()
         deadline = time.monotonic() + timeout_s
         try:
+            for server in self.region_redis.values():
+                server.start()
             for layer in ("worker-", "local-", "regional-", "global"):
                 started = [p for n, p in self.processes.items() if n.startswith(layer)]
                 for proc in started:
@@ -380,3 +385,5 @@ class Fleet:
             proc.stop()
         if self.redis is not None:
             self.redis.close()
+        for server in self.region_redis.values():
+            server.close()

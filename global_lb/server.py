@@ -9,6 +9,7 @@ from common.basics.errors import RouteError
 from common.basics.geo import GeoPoint
 from common.capacity.streams import region_stream
 from common.config.identity import GLOBAL
+from common.config.redis_layout import RedisKeys, redis_url_for
 from common.config.tls import tier_tls
 from common.config.topology import Topology
 from common.observability.tracing import Telemetry, setup_tracing
@@ -83,9 +84,8 @@ def build_global_tier(
     the OTel environment."""
     tls = tier_tls(topology, GLOBAL)  # its own certificate, presented to the regions
     regions = tier_children(topology, region_children(topology), "region", tls=tls)
-    reader = summary_reader(
-        topology, {region_stream(r.name): r.name for r in topology.regions}, regions
-    )
+    streams = {region_stream(r.name): r.name for r in topology.regions}
+    reader = summary_reader(topology, streams, regions, RedisKeys.REGION_SUMMARIES)
     picker = region_picker(topology)
     # The global's ops HTTP also answers for the whole fleet and serves the dashboard.
     fleet_view = FleetView(topology) if topology.global_tier.ops is not None else None
@@ -98,6 +98,7 @@ def build_global_tier(
         if fleet_view is not None:  # the dashboard shows the fleet the new file names
             fleet_view.follow(new)
 
+    tenants_redis = redis_url_for(topology, RedisKeys.TENANTS)  # quotas, leases, usage
     tier = TierServer(
         TierSpec(tier="global", trust_internal=False, resolve_origin=origin),
         ForwardingPolicy(kind="region", per_try=topology.liveness.per_try_timeout),
@@ -107,7 +108,7 @@ def build_global_tier(
         reader=reader,
         tls=tls,
         admission=edge_admission(
-            topology.auth, topology.redis_url, usage_replicas_ack=topology.usage_replicas_ack
+            topology.auth, tenants_redis, usage_replicas_ack=topology.usage_replicas_ack
         ),
         limits=topology.limits,
         keepalive=topology.liveness.keepalive,

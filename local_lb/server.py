@@ -15,6 +15,7 @@ from common.capacity.streams import zone_stream
 from common.config.gpu import GpuConfig
 from common.config.identity import local
 from common.config.node import ConfigError
+from common.config.redis_layout import RedisKeys
 from common.config.tls import GpuCredentials, TierTls, tier_tls
 from common.config.topology import Topology, ZoneConfig
 from common.gen.meridian.v1 import capacity_pb2
@@ -361,6 +362,8 @@ def build_local_tier(
         lambda seq: zone_summary(
             view, balancer.queue, source=source, sequence=seq, region=region, zone=zone
         ),
+        RedisKeys.ZONE_SUMMARIES,
+        region,
     )
     poke_publisher.connect(publisher.poke)
     ejections = EjectionCounter(balancer.ejected_gpus)

@@ -11,6 +11,7 @@ from common.capacity.streams import region_stream, zone_stream
 from common.capacity.summary import aggregate
 from common.config.identity import regional
 from common.config.node import ConfigError
+from common.config.redis_layout import RedisKeys
 from common.config.tls import tier_tls
 from common.config.topology import RegionConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
@@ -106,13 +107,18 @@ def build_regional_tier(
     tls = tier_tls(topology, regional(region))
     zones = tier_children(topology, zone_children(region_cfg), "zone", tls=tls)
     reader = summary_reader(
-        topology, {zone_stream(region, z.name): z.name for z in region_cfg.zones}, zones
+        topology,
+        {zone_stream(region, z.name): z.name for z in region_cfg.zones},
+        zones,
+        RedisKeys.ZONE_SUMMARIES,
+        region,
     )
     source = source_id("regional", region)
     publisher = summary_publisher(
         topology,
         region_stream(region),
         lambda seq: region_summary(zones, source=source, sequence=seq, region=region),
+        RedisKeys.REGION_SUMMARIES,
     )
     picker = zone_picker(topology, region_cfg)
 

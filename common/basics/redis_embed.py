@@ -6,6 +6,10 @@ append-only file there and loads it again at the next start, so a restart
 (a SIGKILL of redis-server included) loses no write Redis acknowledged;
 without one it keeps nothing on disk (the tests' shared Redis). Started from
 the main thread on Linux, redis-server dies with the process that started it.
+
+``EmbeddedRedis(replica_of=port)`` replicates another one; ``EmbeddedSentinel``
+runs the same binary as a Redis Sentinel (``--sentinel``) watching a master,
+for the Sentinel failover tests and for trying ``redis+sentinel://`` URLs.
 """
 
 from __future__ import annotations
@@ -115,14 +119,21 @@ class EmbeddedRedis:
 
     ``data_dir``: keep an fsync'd append-only file there (created if missing)
     and load it at every start; None: keep nothing (in a temporary directory).
+    ``replica_of``: the port of a master on 127.0.0.1 this one replicates.
     """
 
     def __init__(
-        self, port: int = 0, *, password: str | None = None, data_dir: Path | str | None = None
+        self,
+        port: int = 0,
+        *,
+        password: str | None = None,
+        data_dir: Path | str | None = None,
+        replica_of: int | None = None,
     ) -> None:
         self.port = port or free_port()
         self.password = password
         self.data_dir = Path(data_dir) if data_dir is not None else None
+        self.replica_of = replica_of
         self._dir = tempfile.TemporaryDirectory(prefix="meridian-redis-")
         self.process: subprocess.Popen[bytes] | None = None
 
@@ -143,6 +154,8 @@ class EmbeddedRedis:
             *persistence_args(self.data_dir),
             "--protected-mode", "yes",
             *(["--requirepass", self.password] if self.password else []),
+            *(["--masterauth", self.password] if self.password and self.replica_of else []),
+            *(["--replicaof", "127.0.0.1", str(self.replica_of)] if self.replica_of else []),
         ]  # fmt: skip
 
     def start(self, timeout_s: float = 10.0) -> None:
@@ -204,3 +217,49 @@ class EmbeddedRedis:
     def close(self) -> None:
         self.stop()
         self._dir.cleanup()
+
+
+class EmbeddedSentinel(EmbeddedRedis):
+    """The same binary as a Redis Sentinel on 127.0.0.1, watching ``master_port`` as
+    ``service``: it marks the master down after ``down_after_ms`` without an answer
+    and, with ``quorum`` Sentinels agreeing, promotes a replica (a retried failover
+    waits ``failover_timeout_ms``). Sentinel rewrites its config file as it learns
+    replicas and peers, so each one gets its own, in its temporary directory."""
+
+    def __init__(
+        self,
+        master_port: int,
+        *,
+        service: str = "meridian",
+        quorum: int = 2,
+        down_after_ms: int = 500,
+        failover_timeout_ms: int = 2000,
+        port: int = 0,
+    ) -> None:
+        super().__init__(port)
+        self.master_port = master_port
+        self.service = service
+        self.quorum = quorum
+        self.down_after_ms = down_after_ms
+        self.failover_timeout_ms = failover_timeout_ms
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def argv(self) -> list[str]:
+        config = Path(self._dir.name) / "sentinel.conf"
+        name = self.service
+        config.write_text(
+            f"port {self.port}\nbind 127.0.0.1\ndir {self._dir.name}\n"
+            f"sentinel monitor {name} 127.0.0.1 {self.master_port} {self.quorum}\n"
+            f"sentinel down-after-milliseconds {name} {self.down_after_ms}\n"
+            f"sentinel failover-timeout {name} {self.failover_timeout_ms}\n"
+            f"sentinel parallel-syncs {name} 1\n"
+        )
+        return [redis_server_binary(), str(config), "--sentinel"]
+
+
+def sentinel_url(sentinels: list[EmbeddedSentinel], service: str = "meridian") -> str:
+    """The ``redis+sentinel://`` URL of these Sentinels' master ``service``."""
+    return f"redis+sentinel://{','.join(s.address for s in sentinels)}/{service}/0"

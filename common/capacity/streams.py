@@ -1,8 +1,13 @@
 """Capacity summaries over Redis streams: publish on a cadence, follow, aggregate.
 
-local tier --XADD--> ``meridian:capacity:zone:<region>:<zone>``
-regional   --XREAD-> aggregates its zones --XADD--> ``meridian:capacity:region:<region>``
-global     --XREAD-> region summaries
+local tier --XADD--> ``meridian:capacity:zone:{<region>}:<zone>``   (the region's Redis)
+regional   --XREAD-> aggregates its zones --XADD--> ``meridian:capacity:region:{regions}:<region>``
+global     --XREAD-> region summaries                                 (the global Redis)
+
+The ``{…}`` are Redis Cluster hash tags: a reader follows all its streams in one
+XREAD, which a cluster serves only when they share a slot (a regional tier's
+zone streams: the region's name; the global tier's region streams: ``regions``).
+Which Redis each lives on is decided in ``common.config.redis_layout``.
 
 Streams are bounded with ``XADD ... MAXLEN ~``. Readers use plain XREAD, not
 consumer groups, because every replica of a tier needs every summary. A
@@ -18,10 +23,10 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from common.basics.backoff import Reconnect
+from common.basics.redis_url import async_redis
 from common.basics.tasks import cancel_and_wait
 from common.capacity.summary import encode_hint
 from common.gen.meridian.v1 import capacity_pb2
@@ -34,11 +39,11 @@ MAX_BACKOFF_S = 2.0
 
 
 def zone_stream(region: str, zone: str) -> str:
-    return f"meridian:capacity:zone:{region}:{zone}"
+    return f"meridian:capacity:zone:{{{region}}}:{zone}"
 
 
 def region_stream(region: str) -> str:
-    return f"meridian:capacity:region:{region}"
+    return f"meridian:capacity:region:{{regions}}:{region}"
 
 
 def redis_backoff(what: str) -> Reconnect:
@@ -58,9 +63,7 @@ class CapacityPublisher:
         cadence_s: float,
         maxlen: int,
     ) -> None:
-        self.redis = aioredis.Redis.from_url(
-            redis_url, socket_timeout=1.0, socket_connect_timeout=1.0
-        )
+        self.redis = async_redis(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
         self.stream = stream
         self.build = build
         self.cadence_s = cadence_s
@@ -139,7 +142,7 @@ class CapacityReader:
         *,
         block_ms: int = 1000,
     ) -> None:
-        self.redis = aioredis.Redis.from_url(
+        self.redis = async_redis(
             redis_url, socket_timeout=block_ms / 1000 + 1.0, socket_connect_timeout=1.0
         )
         self.streams = dict(streams)

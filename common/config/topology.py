@@ -16,6 +16,7 @@ from typing import Any, NamedTuple
 import yaml
 
 from common.basics.geo import GeoPoint
+from common.basics.redis_url import check_redis_url
 from common.config.access import (
     AuthConfig,
     Limits,
@@ -64,6 +65,9 @@ class RegionConfig:
     endpoint: Endpoint
     zones: tuple[ZoneConfig, ...]
     ops: Endpoint | None = None
+    # The region's own Redis (its zone streams); None: the topology's redis_url
+    # (which Redis holds what: common.config.redis_layout).
+    redis_url: str | None = None
 
     @property
     def models(self) -> frozenset[str]:
@@ -204,6 +208,17 @@ def _ops(node: ConfigNode) -> Endpoint | None:
     return None if text is None else parse_endpoint(text, node.key_path("ops_listen"))
 
 
+def _redis_url(node: ConfigNode, default: str | None) -> Any:
+    """``redis_url``, checked now: a URL Meridian cannot dial fails the start, not a call."""
+    url = node.get("redis_url", default, kind=str)
+    if url is not None:
+        try:
+            check_redis_url(url)
+        except ValueError as exc:
+            raise ConfigError(f"{node.key_path('redis_url')}: {exc}") from None
+    return url
+
+
 def topology_from_mapping(raw: Any) -> Topology:
     """Build and validate a ``Topology`` from parsed YAML."""
     root = ConfigNode(raw, "")
@@ -224,7 +239,7 @@ def topology_from_mapping(raw: Any) -> Topology:
     topology = Topology(
         global_tier=global_tier,
         regions=tuple(regions),
-        redis_url=root.get("redis_url", "redis://127.0.0.1:6379/0", kind=str),
+        redis_url=_redis_url(root, "redis://127.0.0.1:6379/0"),
         rtt_ms=rtt,
         auth=auth,
         tls=tls,
@@ -292,6 +307,7 @@ def _region(rnode: ConfigNode) -> RegionConfig:
         endpoint=parse_endpoint(rnode.get("listen"), rnode.key_path("listen")),
         zones=tuple(zones),
         ops=_ops(rnode),
+        redis_url=_redis_url(rnode, None),
     )
     rnode.done()
     return region

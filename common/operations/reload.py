@@ -102,6 +102,16 @@ def own_config(
     return None
 
 
+def _own_region(topology: Topology, tier: str, name: str) -> RegionConfig | None:
+    """The region a regional tier serves or a local tier's zone is in (None: other tiers)."""
+    for region in topology.regions:
+        if tier == "regional" and region.name == name:
+            return region
+        if tier == "local" and any(zone.name == name for zone in region.zones):
+            return region
+    return None
+
+
 def unapplied_settings(old: Topology, new: Topology, tier: str, name: str) -> list[str]:
     """Differences a running tier leaves alone: restart it to apply them."""
     out = [
@@ -111,6 +121,9 @@ def unapplied_settings(old: Topology, new: Topology, tier: str, name: str) -> li
     ]
     if old.auth.enabled != new.auth.enabled or old.auth.tenants != new.auth.tenants:
         out.append("auth.enabled / auth.tenants (restart to apply)")
+    before_region, after_region = _own_region(old, tier, name), _own_region(new, tier, name)
+    if before_region and after_region and before_region.redis_url != after_region.redis_url:
+        out.append(f"regions[{after_region.name}].redis_url (restart to apply)")
     before, after = own_config(old, tier, name), own_config(new, tier, name)
     if after is None:
         out.append(f"{name} itself is gone from the topology: stop this process")

@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import cast
 
-import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError
 
 from common.basics.backoff import Backoff
+from common.basics.redis_url import async_redis
 
 log = logging.getLogger(__name__)
 
@@ -102,7 +102,7 @@ class QuotaRedis:
         self.fallback = fallback
         self.timeout_s = timeout_s
         self.clock = clock
-        self.client = aioredis.Redis.from_url(
+        self.client = async_redis(
             url,
             socket_timeout=timeout_s,
             socket_connect_timeout=timeout_s,

@@ -40,9 +40,9 @@ import logging
 import time
 from collections import deque
 
-import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from common.basics.redis_url import async_redis
 from common.capacity.streams import redis_backoff
 from common.tenancy.usage_read import UsageTotals, summarise
 from common.tenancy.usage_record import (
@@ -142,7 +142,7 @@ class UsageRecorder:
         if replicas_ack < 0 or replicas_timeout_s <= 0:
             raise ValueError("replicas_ack must be >= 0 and replicas_timeout_s positive")
         # One connection: WAIT counts the replicas that have this connection's writes.
-        self.redis = aioredis.Redis.from_url(
+        self.redis = async_redis(
             redis_url,
             socket_timeout=socket_timeout_s + (replicas_timeout_s if replicas_ack else 0.0),
             socket_connect_timeout=1.0,

@@ -7,8 +7,7 @@ import logging
 from collections import deque
 from typing import Any
 
-import redis.asyncio as aioredis
-
+from common.basics.redis_url import async_redis
 from common.tenancy.usage_record import OK_STATUS, USAGE_STREAM, UsageRecord, field_text
 
 log = logging.getLogger(__name__)
@@ -68,7 +67,7 @@ async def summarise(
     from re-written batches and lie close together, so memory stays bounded by
     the records of one horizon, not of the whole window.
     """
-    client = aioredis.Redis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
+    client = async_redis(redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
     totals: dict[tuple[str, str], UsageTotals] = {}
     seen: set[str] = set()
     recent: deque[tuple[int, str]] = deque()  # (stream ms, request_id), oldest first

@@ -7,7 +7,9 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
-USAGE_STREAM = "meridian:usage"
+# ``{usage}`` is a Redis Cluster hash tag: the stream, its meta hash and its batch
+# markers are written by one Lua script, so they must share a slot.
+USAGE_STREAM = "meridian:{usage}"
 OK_STATUS = "OK"
 
 
@@ -84,11 +86,20 @@ def field_text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
 
+def _tagged(stream: str) -> str:
+    """``stream`` as the prefix of keys in its hash slot: as it is when it carries a
+    hash tag (``meridian:{usage}``), else the whole name as the tag (``{name}``)."""
+    opened = stream.find("{")
+    if opened != -1 and stream.find("}", opened + 1) > opened + 1:
+        return stream
+    return f"{{{stream}}}"
+
+
 def meta_key(stream: str) -> str:
     """The hash beside ``stream`` that says what was ever added to it, and when it began."""
-    return f"{stream}:meta"
+    return f"{_tagged(stream)}:meta"
 
 
 def batch_key(stream: str, batch_id: str) -> str:
     """The marker of one written batch (its records are in ``stream`` exactly once)."""
-    return f"{stream}:batch:{batch_id}"
+    return f"{_tagged(stream)}:batch:{batch_id}"

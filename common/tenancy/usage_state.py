@@ -13,9 +13,9 @@ import dataclasses
 from datetime import UTC, datetime
 from typing import Any
 
-import redis.asyncio as aioredis
 from redis.exceptions import ResponseError
 
+from common.basics.redis_url import async_redis
 from common.tenancy.usage_record import USAGE_STREAM, field_text, meta_key
 
 
@@ -89,7 +89,7 @@ def _int(value: Any) -> int | None:
 
 async def stream_state(redis_url: str, stream: str = USAGE_STREAM) -> StreamState:
     """Read the stream's XINFO and metadata; raises ``RedisError``/``OSError``."""
-    client = aioredis.Redis.from_url(redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
+    client = async_redis(redis_url, socket_timeout=5.0, socket_connect_timeout=2.0)
     try:
         raw = await client.hgetall(meta_key(stream))
         meta = {field_text(k): field_text(v) for k, v in raw.items()}

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping
 
 from common.capacity.streams import CapacityPublisher, CapacityReader
+from common.config.redis_layout import RedisKeys, redis_url_for
 from common.config.tls import TierTls, tier_channel_credentials
 from common.config.topology import Topology
 from common.gen.meridian.v1 import capacity_pb2
@@ -37,20 +38,29 @@ def tier_children(
 
 
 def summary_reader(
-    topology: Topology, streams: Mapping[str, str], children: ChildSet
+    topology: Topology,
+    streams: Mapping[str, str],
+    children: ChildSet,
+    keys: RedisKeys,
+    region: str | None = None,
 ) -> CapacityReader:
-    """Follows the children's summary streams (stream name -> child name)."""
-    return CapacityReader(topology.redis_url, streams, children.take_summary)
+    """Follows the children's summary streams (stream name -> child name), on the
+    Redis that holds ``keys`` (zone summaries: ``region``'s; ``redis_layout``)."""
+    url = redis_url_for(topology, keys, region)
+    return CapacityReader(url, streams, children.take_summary)
 
 
 def summary_publisher(
     topology: Topology,
     stream: str,
     build: Callable[[int], capacity_pb2.CapacitySummary],
+    keys: RedisKeys,
+    region: str | None = None,
 ) -> CapacityPublisher:
-    """Publishes this tier's summary on the topology's cadence, bounded as it says."""
+    """Publishes this tier's summary on the topology's cadence, bounded as it says, to
+    the Redis that holds ``keys`` (zone summaries: ``region``'s; ``redis_layout``)."""
     return CapacityPublisher(
-        topology.redis_url,
+        redis_url_for(topology, keys, region),
         stream,
         build,
         cadence_s=topology.summary_cadence_s,

@@ -227,6 +227,13 @@ def test_unapplied_settings_name_what_a_running_tier_leaves_alone() -> None:
     assert unapplied_settings(old, headroom, "local", "r-1a") == [
         "tenant_headroom (restart to apply)"
     ]
+    region = dataclasses.replace(old.regions[0], redis_url="redis://region-r:6379/0")
+    own_redis = dataclasses.replace(old, regions=(region,))
+    for tier, name in (("regional", "r"), ("local", "r-1a")):
+        assert unapplied_settings(old, own_redis, tier, name) == [
+            "regions[r].redis_url (restart to apply)"
+        ]
+    assert unapplied_settings(old, own_redis, "global", "global") == []
 
 
 def test_own_location_is_not_applied_at_the_global_and_regional_tiers() -> None:

@@ -260,7 +260,7 @@ async def test_malformed_entries_are_skipped(
 async def test_redis_outage_loses_nothing_below_the_limit() -> None:
     server = EmbeddedRedis()
     server.start()
-    stream = "meridian:usage"
+    stream = USAGE_STREAM
     records = [make_record(i) for i in range(200)]
     recorder = UsageRecorder(server.url, flush_interval_s=0.02, batch_size=50)
     recorder.start()
@@ -548,7 +548,7 @@ def test_usage_main_unreachable_redis_exits_2(capsys: pytest.CaptureFixture[str]
     assert usage_main(["--redis", url]) == 2
     assert time.monotonic() - started < 10
     err = capsys.readouterr().err
-    assert f"cannot read meridian:usage from {url}" in err
+    assert f"cannot read meridian:{{usage}} from {url}" in err
 
 
 def replica_of(master: EmbeddedRedis) -> EmbeddedRedis:
