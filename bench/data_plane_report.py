@@ -1,0 +1,145 @@
+"""The data-plane bench's ratios against issue 14's goal, and its Markdown report."""
+
+from __future__ import annotations
+
+from typing import Any
+
+MODES = ("unary", "stream")
+NAN = float("nan")
+
+
+def _get(rows: dict[str, Any], row: str, mode: str, *keys: str) -> float:
+    node: Any = rows.get(row, {}).get(mode)
+    for key in keys:
+        if not isinstance(node, dict) or key not in node:
+            return NAN
+        node = node[key]
+    return float(node)
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b and b == b and a == a else NAN
+
+
+def _goal(name: str, mode: str, value: float, target: str) -> dict[str, Any]:
+    """``target`` is ``>= x``, ``<= x``, ``< x`` or ``-`` (reported, no goal)."""
+    met: bool | None = None
+    if target != "-" and value == value:
+        op, limit = target.split()
+        bound = float(limit)
+        met = {">=": value >= bound, "<=": value <= bound, "<": value < bound}[op]
+    return {"goal": name, "mode": mode, "value": value, "target": target, "met": met}
+
+
+def goals(rows: dict[str, Any]) -> list[dict[str, Any]]:
+    """Issue 14's goal, each figure from medians of the same run."""
+    out = []
+    for m in MODES:
+        hop_cpu = _get(rows, "bare hop", m, "cpu_ms_per_req", "hop")
+        hop_added = _get(rows, "bare hop", m, "added_p50_ms")
+        hop3_added = _get(rows, "3 bare hops", m, "added_p50_ms")
+        local_added = _get(rows, "local", m, "added_p50_ms")
+        rl_added = _get(rows, "regional+local", m, "added_p50_ms")
+        chain_added = _get(rows, "chain", m, "added_p50_ms")
+        rps = {r: _get(rows, r, m, "rps") for r in rows}
+        out += [
+            _goal("local tier / bare hop, req/s", m, _ratio(rps.get("local", NAN), rps.get("bare hop", NAN)), ">= 0.8"),
+            _goal("local tier / bare hop, CPU per request", m,
+                  _ratio(_get(rows, "local", m, "cpu_ms_per_req", "tls-local"), hop_cpu), "<= 1.25"),
+            _goal("regional tier / bare hop, CPU per request", m,
+                  _ratio(_get(rows, "regional+local", m, "cpu_ms_per_req", "tls-regional"), hop_cpu), "<= 1.25"),
+            _goal("global tier / bare hop, CPU per request", m,
+                  _ratio(_get(rows, "chain", m, "cpu_ms_per_req", "tls-global"), hop_cpu), "<= 1.25"),
+            _goal("chain / 3 bare hops, req/s", m,
+                  _ratio(rps.get("chain", NAN), rps.get("3 bare hops", NAN)), ">= 0.8"),
+            _goal("P50 added: local tier / bare hop", m, _ratio(local_added, hop_added), "<= 1.25"),
+            _goal("P50 added: regional tier (regional+local − local) / bare hop", m,
+                  _ratio(rl_added - local_added, hop_added), "<= 1.25"),
+            _goal("P50 added: global tier (chain − regional+local) / bare hop", m,
+                  _ratio(chain_added - rl_added, hop_added), "<= 1.25"),
+            _goal("P50 added: chain / 3 bare hops", m, _ratio(chain_added, hop3_added), "<= 1.25"),
+            _goal("tracing at the default sampler: req/s lost (chain vs tracing off)", m,
+                  1.0 - _ratio(rps.get("chain", NAN), rps.get("chain, tracing off", NAN)), "< 0.05"),
+            _goal("TLS between tiers: req/s lost (chain vs TLS off)", m,
+                  1.0 - _ratio(rps.get("chain", NAN), rps.get("chain, TLS off", NAN)), "-"),
+            _goal("local --workers 2 / 1 worker, req/s", m,
+                  _ratio(rps.get("local --workers 2", NAN), rps.get("local", NAN)), "-"),
+        ]  # fmt: skip
+    return out
+
+
+def _f(value: float, digits: int = 0) -> str:
+    return "n/a" if value != value else f"{value:.{digits}f}"
+
+
+def _row_line(name: str, modes: dict[str, Any]) -> str:
+    cells = [name]
+    for m in MODES:
+        r = modes.get(m, {})
+        cells += [
+            _f(r.get("rps", NAN)),
+            f"{_f(r.get('p50_ms', NAN), 1)} / {_f(r.get('p99_ms', NAN), 1)}",
+            _f(r.get("added_p50_ms", NAN), 1),
+            _f(r.get("cpu_ms_per_req_path", NAN), 3),
+        ]
+    return "| " + " | ".join(cells) + " |"
+
+
+def _cpu_line(name: str, modes: dict[str, Any]) -> str:
+    parts = []
+    for m in MODES:
+        cpu = modes.get(m, {}).get("cpu_ms_per_req", {})
+        parts.append(", ".join(f"{p} {_f(v, 3)}" for p, v in cpu.items()))
+    return f"| {name} | {parts[0]} | {parts[1]} |"
+
+
+def _goal_line(g: dict[str, Any]) -> str:
+    met = {True: "met", False: "**not met**", None: "(reported)"}[g["met"]]
+    return f"| {g['goal']} | {g['mode']} | {_f(g['value'], 2)} | {g['target']} | {met} |"
+
+
+def markdown(r: dict[str, Any]) -> str:
+    p, mach = r["params"], r["machine"]
+    rows = "\n".join(_row_line(n, m) for n, m in r["rows"].items())
+    cpu = "\n".join(_cpu_line(n, m) for n, m in r["rows"].items())
+    goal_lines = "\n".join(_goal_line(g) for g in r["goals"])
+    missing = "\n".join(f"- {n}: {why}" for n, why in r["unavailable"].items()) or "- none"
+    load = ", ".join(f"{x:.1f}" for x in mach["loadavg_at_end"])
+    return f"""# Data plane — Meridian's tiers against a bare hop, nginx, HAProxy, Envoy
+
+`python -m bench.data_plane` ({mach["cpus"]} CPUs, Python {mach["python"]},
+{mach["platform"]}; load average at the end {load}, the machine shared with other work).
+Code under test: `{r["checkout"]["path"]}` at `{r["checkout"]["head"]}`.
+{p["gpus"]} emulated A100s in one `meridian worker` process at time scale {p["time_scale"]},
+1-token generate requests, a closed loop of {p["concurrency"]} in flight from one client
+process; {p["rounds"]} rounds of {p["seconds"]} s windows (after {p["warmup"]} s warm-up),
+rows interleaved, medians over rounds. Placement: {r["placement"]}.
+Meridian rows run with mutual TLS between tiers, tenant auth and limits at the edge and
+tracing at the default sampler (1 in 10), as `meridian up` does; the bare hops, nginx,
+HAProxy and Envoy serve mutual TLS to the caller like the local tier (the hops in series
+like the chain: plaintext edge, TLS between hops) and speak h2c to the GPUs.
+
+Latency in ms; *+P50*: median added over *direct* in the same round. *CPU* = CPU ms per
+request of the data plane's processes (tiers or hops or peer, and Redis for Meridian rows;
+not the client or the GPUs), from /proc utime+stime.
+
+| row | unary req/s | P50 / P99 | +P50 | CPU | stream req/s | P50 / P99 | +P50 | CPU |
+|---|---|---|---|---|---|---|---|---|
+{rows}
+
+CPU ms per request of every process in the path (*driver* is the client, *gpus* the
+GPU worker process):
+
+| row | unary | stream |
+|---|---|---|
+{cpu}
+
+Against issue 14's goal (ratios of the medians above):
+
+| figure | mode | value | goal | |
+|---|---|---|---|---|
+{goal_lines}
+
+Not measured:
+{missing}
+"""
