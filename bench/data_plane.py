@@ -62,15 +62,12 @@ def measure(stack: Stack, row: Row, mode: str, args: argparse.Namespace) -> dict
     """One window through ``row``: the driver's figures and every process's CPU."""
     cpu = ProcCpu(stack.pids(row))
     stack.send(stack.job(row, mode, args.seconds, args.warmup, args.concurrency))
-    line = stack.read()
-    if line == "begin":
-        cpu.start()
-        line = stack.read()
-    if line == "end":
-        seconds = cpu.stop()
-        line = stack.read()
-    else:
-        seconds = {}
+    seconds: dict[str, float] = {}
+    while not (line := stack.read()).startswith("{"):
+        if line == "begin":
+            cpu.start()
+        elif line == "end":
+            seconds = cpu.stop()
     result: dict[str, Any] = json.loads(line)
     if "failed" in result:
         return {"failed": result["failed"]}
@@ -92,10 +89,10 @@ def check_rows(stack: Stack, args: argparse.Namespace) -> list[Row]:
         for _ in range(40):
             error = ""
             for mode in MODES:
-                job = stack.job(row, mode, 0.2, 0.0, 1)
-                stack.send(job)
-                lines = [stack.read() for _ in range(3)]
-                got = json.loads(lines[-1])
+                stack.send(stack.job(row, mode, 0.05, 0.0, 1))
+                while not (line := stack.read()).startswith("{"):
+                    pass  # begin, end
+                got = json.loads(line)
                 if "failed" in got or got["errors"] or not got["done"]:
                     error = got.get("failed") or got.get("first_error") or "no request finished"
             if not error:
@@ -112,12 +109,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     checkout = checkout_under_test(args.checkout)
     windows: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory(prefix="meridian-data-plane-") as tmp:
-        stack = Stack(Path(tmp), checkout, gpus=args.gpus, time_scale=args.time_scale, pin=not args.no_pin)
+        stack = Stack(
+            Path(tmp), checkout, gpus=args.gpus, time_scale=args.time_scale, pin=not args.no_pin
+        )
         try:
             started = time.monotonic()
             stack.start()
+            print(f"started in {time.monotonic() - started:.1f} s", flush=True)
             rows = check_rows(stack, args)
-            print(f"started in {time.monotonic() - started:.1f} s; rows: {[r.name for r in rows]}", flush=True)
+            print(
+                f"checked in {time.monotonic() - started:.1f} s: {[r.name for r in rows]}",
+                flush=True,
+            )
             for name, why in stack.unavailable.items():
                 print(f"  {name}: {why}", flush=True)
             for i in range(args.rounds):
@@ -126,9 +129,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                         w = measure(stack, row, mode, args)
                         windows.setdefault(row.name, {}).setdefault(mode, []).append(w)
                         rps = w.get("rps", 0.0)
-                        print(f"round {i + 1} {row.name:20s} {mode:6s} {rps:7.0f} req/s", flush=True)
+                        print(
+                            f"round {i + 1} {row.name:20s} {mode:6s} {rps:7.0f} req/s", flush=True
+                        )
+            print(f"measured in {time.monotonic() - started:.1f} s", flush=True)
         finally:
             stack.stop()
+    print(f"stopped in {time.monotonic() - started:.1f} s", flush=True)
     return summarise(args, checkout, windows, stack)
 
 
@@ -172,10 +179,11 @@ def summarise(
         "checkout": {"path": str(checkout), "head": git_head(checkout)},
         "params": {k: v for k, v in vars(args).items() if k != "no_write"},
         "placement": (
-            "unpinned" if args.no_pin or (os.cpu_count() or 1) < 2
+            "unpinned"
+            if args.no_pin or (os.cpu_count() or 1) < 2
             else "driver + GPU worker on core 0; tiers, hops, peers, Redis on core 1; "
             "--workers 2 unpinned"
-        ),  # fmt: skip
+        ),
         "unavailable": stack.unavailable,
         "rows": rows,
         "goals": goals(rows),
@@ -196,7 +204,7 @@ def main() -> None:
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.quick:
-        args.rounds, args.seconds, args.warmup, args.no_write = 1, 0.8, 0.25, True
+        args.rounds, args.seconds, args.warmup, args.no_write = 1, 0.5, 0.2, True
     result = run(args)
     text = markdown(result)
     print(text)

@@ -8,12 +8,13 @@ default sampler), ``plain`` (TLS off), ``untraced`` (``OTEL_SDK_DISABLED=true``)
 ``workers`` (the local tier with ``--workers 2``, when the code under test has the
 flag); bare hops; nginx, HAProxy and Envoy. Tier processes run the code of
 ``checkout`` (their working directory and ``PYTHONPATH``), so the bench measures any
-branch. Every process is started with ``PR_SET_PDEATHSIG`` and an affinity set before
-its ``exec`` (so every thread it makes inherits it), and ``stop`` ends each one.
+branch. Every process is started with ``PR_SET_PDEATHSIG``, pinned (``pin``) once it serves,
+and ``stop`` ends each one.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import os
 import subprocess
@@ -26,6 +27,7 @@ from typing import Any
 import grpc
 import yaml
 
+from bench.data_plane_load import descendants
 from cli.readiness import tier_ready
 from common.basics.redis_embed import free_port
 from common.config.identity import GLOBAL, Identity, regional
@@ -35,15 +37,29 @@ from common.config.topology import topology_from_mapping
 from sim.topology import one_zone_mapping
 
 REGION, ZONE, MODEL = "r", "r-1a", "m"
-# Fork, then in a fresh interpreter: die with the bench, take the affinity, exec.
+# Fork, then in a fresh interpreter: die with the bench, exec.
 _EXEC = (
     "import ctypes, os, signal, sys\n"
     "ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"  # PR_SET_PDEATHSIG
     "os.getppid() == int(sys.argv[1]) or os._exit(1)\n"
-    "cpus = {int(c) for c in sys.argv[2].split(',') if c}\n"
-    "cpus and os.sched_setaffinity(0, cpus)\n"
-    "os.execvp(sys.argv[3], sys.argv[3:])\n"
+    "os.execvp(sys.argv[2], sys.argv[2:])\n"
 )
+
+
+def pin(pid: int, cpus: frozenset[int]) -> None:
+    """Every thread of ``pid`` and of the processes below it onto ``cpus`` (threads
+    made later inherit their maker's). Done once a process serves, so that start-up
+    (imports, mostly) uses every core."""
+    if not cpus:
+        return
+    for process in descendants(pid):
+        try:
+            tasks = [int(t.name) for t in Path(f"/proc/{process}/task").iterdir()]
+        except OSError:
+            continue
+        for task in tasks:
+            with contextlib.suppress(OSError):
+                os.sched_setaffinity(task, cpus)
 
 
 @dataclass
@@ -53,15 +69,14 @@ class Proc:
     name: str
     argv: list[str]
     log: Path
-    cpus: frozenset[int] = frozenset()  # empty: every core
+    cpus: frozenset[int] = frozenset()  # where it runs once it serves; empty: every core
     env: dict[str, str] = field(default_factory=dict)
     cwd: Path | None = None
     pipes: bool = False  # stdin and stdout are the bench's (text lines), stderr the log
     process: subprocess.Popen[str] | None = None
 
     def start(self) -> None:
-        wrapped = [sys.executable, "-I", "-S", "-c", _EXEC, str(os.getpid())]
-        wrapped += [",".join(str(c) for c in sorted(self.cpus)), *self.argv]
+        wrapped = [sys.executable, "-I", "-S", "-c", _EXEC, str(os.getpid()), *self.argv]
         with self.log.open("ab") as out:
             self.process = subprocess.Popen(
                 wrapped,
@@ -85,13 +100,19 @@ class Proc:
         except OSError:
             return "(no log)"
 
-    def stop(self) -> None:
-        process, self.process = self.process, None
-        if process is None or process.poll() is not None:
+    def terminate(self) -> None:
+        """Ask it to stop (``stop`` waits); several at once stop in parallel."""
+        if self.process is None or self.process.poll() is not None:
             return
-        if process.stdin is not None:
-            process.stdin.close()  # the driver ends at the end of its input
-        process.terminate()
+        if self.process.stdin is not None:
+            self.process.stdin.close()  # the driver ends at the end of its input
+        self.process.terminate()
+
+    def stop(self) -> None:
+        self.terminate()
+        process, self.process = self.process, None
+        if process is None:
+            return
         try:
             process.wait(10)
         except subprocess.TimeoutExpired:
@@ -106,7 +127,7 @@ def wait_until(what: str, proc: Proc, ready: Any, timeout_s: float = 30.0) -> No
             raise RuntimeError(f"{proc.name} exited at start: {proc.tail()}")
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what} not ready within {timeout_s} s: {proc.tail()}")
-        time.sleep(0.05)
+        time.sleep(0.1)
 
 
 @dataclass(frozen=True)
@@ -174,9 +195,7 @@ class TierSet:
         """An inner tier serves only its parent: present the parent's certificate."""
         if self.tls is None or tier == "global":
             return None
-        parent: Identity = GLOBAL if tier == "regional" else regional(REGION)
-        certs = Path(self.tls["certs"], *parent.path)
-        return Credentials(self.tls["ca"], str(certs / "cert.pem"), str(certs / "key.pem"))
+        return identity_files(self.tls, GLOBAL if tier == "regional" else regional(REGION))
 
 
 def issue_pki(directory: Path, mapping: dict[str, Any]) -> dict[str, Any]:
@@ -189,23 +208,35 @@ def issue_pki(directory: Path, mapping: dict[str, Any]) -> dict[str, Any]:
 def tier_argv(tier: str, config: Path, extra: list[str]) -> list[str]:
     zone = ["--region", REGION, "--zone", ZONE]
     where = {"global": [], "regional": ["--region", REGION], "local": zone, "worker": zone}
-    return [sys.executable, "-m", "cli.main", tier, "--config", str(config), *where[tier], *extra]
+    # A short grace: at the end nothing is in flight but the tiers' health watches.
+    grace = [] if tier == "worker" else ["--grace", "0.5"]
+    argv = [sys.executable, "-m", "cli.main", tier, "--config", str(config), *where[tier]]
+    return [*argv, *grace, *extra]
 
 
 def gpu_addresses(mapping: dict[str, Any]) -> list[str]:
     return [str(g["listen"]) for g in mapping["regions"][0]["zones"][0]["gpus"]]
 
 
-def has_workers_flag(checkout: Path) -> bool:
-    """Whether the code under test knows ``meridian local --workers`` (h-workers' seam)."""
-    try:
-        out = subprocess.run(
+class WorkersFlag:
+    """Whether the code under test knows ``meridian local --workers`` (h-workers' seam):
+    asks its ``--help`` in the background; ``answer`` waits for it."""
+
+    def __init__(self, checkout: Path) -> None:
+        self._help = subprocess.Popen(
             [sys.executable, "-m", "cli.main", "local", "--help"], cwd=checkout,
-            env={**os.environ, "PYTHONPATH": str(checkout)}, capture_output=True, timeout=60,
+            env={**os.environ, "PYTHONPATH": str(checkout)},
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
         )  # fmt: skip
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return b"--workers" in out.stdout
+
+    def answer(self) -> bool:
+        try:
+            out, _ = self._help.communicate(timeout=60)
+        except subprocess.TimeoutExpired:
+            self._help.kill()
+            self._help.communicate()
+            return False
+        return b"--workers" in out
 
 
 def identity_files(tls: dict[str, Any], identity: Identity) -> Credentials:

@@ -85,9 +85,8 @@ class _Handler(grpc.GenericRpcHandler):
         self.hop = hop
 
     def service(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
-        method = details.method  # type: ignore[attr-defined]
+        method = details.method
         if method.endswith("/ModelStreamInfer"):
-
             # grpc.aio streams the replies of an async generator *function* only.
             async def stream(requests: AsyncIterator[bytes], context: Any) -> AsyncIterator[bytes]:
                 async for reply in self.hop.stream(method, requests, context):
@@ -125,7 +124,10 @@ def credentials(
 async def serve(args: argparse.Namespace) -> None:
     server, channel = credentials(args)
     hop = BareHop(
-        args.listen, args.upstream.split(","), server_credentials=server, channel_credentials=channel
+        args.listen,
+        args.upstream.split(","),
+        server_credentials=server,
+        channel_credentials=channel,
     )
     await hop.start()
     stop = asyncio.Event()

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import grpc
 
-from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.v2 import generate_request
 
@@ -89,6 +88,7 @@ class Loop:
             job.model, "hello", job.max_tokens, stream=job.mode == "stream"
         )
         self.counting = False
+        self.stopping = False
         self.latencies: list[float] = []
         self.errors = 0
         self.first_error = ""
@@ -108,8 +108,8 @@ class Loop:
             answered = "" if response.infer_response.outputs else "response without outputs"
         return answered
 
-    async def client(self, stub: pb_grpc.GRPCInferenceServiceStub, stop_at: float) -> None:
-        while time.perf_counter() < stop_at:
+    async def client(self, stub: pb_grpc.GRPCInferenceServiceStub) -> None:
+        while not self.stopping:
             started = time.perf_counter()
             try:
                 error = await self.one(stub)
@@ -135,17 +135,15 @@ async def run_job(job: Job, mark: Callable[[str], None] = no_mark) -> Window:
     try:
         stubs = [pb_grpc.GRPCInferenceServiceStub(c) for c in channels]
         loop = Loop(job, stubs)
-        stop_at = time.perf_counter() + job.warmup_s + job.seconds
         clients = [
-            asyncio.create_task(loop.client(stubs[i % len(stubs)], stop_at))
-            for i in range(job.concurrency)
+            asyncio.create_task(loop.client(stubs[i % len(stubs)])) for i in range(job.concurrency)
         ]
         await asyncio.sleep(job.warmup_s)
         loop.counting = True
         opened, cpu0 = time.perf_counter(), time.process_time()
         mark("begin")
-        await asyncio.sleep(max(0.0, stop_at - time.perf_counter()))
-        loop.counting = False
+        await asyncio.sleep(job.seconds)
+        loop.counting, loop.stopping = False, True
         mark("end")
         wall, cpu = time.perf_counter() - opened, time.process_time() - cpu0
         await asyncio.gather(*clients)  # the last calls finish, uncounted

@@ -105,10 +105,8 @@ def _address(endpoint: Endpoint) -> dict[str, Any]:
     return {"socket_address": {"address": endpoint.host, "port_value": endpoint.port}}
 
 
-def envoy_proxy_bootstrap(
-    listen: Endpoint, admin: Endpoint, gpus: Sequence[Endpoint], tls: PeerTls
-) -> dict[str, Any]:
-    """Plain gRPC proxying: mutual TLS in, h2c to the GPUs, LEAST_REQUEST, no retries."""
+def _envoy_listener(listen: Endpoint, tls: PeerTls) -> dict[str, Any]:
+    """Callers on ``listen`` over mutual TLS; every request routed to ``gpus``."""
     manager = {
         "@type": f"{HCM}.HttpConnectionManager",
         "stat_prefix": "bench",
@@ -118,7 +116,9 @@ def envoy_proxy_bootstrap(
                 {
                     "name": "gpus",
                     "domains": ["*"],
-                    "routes": [{"match": {"prefix": "/"}, "route": {"cluster": "gpus", "timeout": "0s"}}],
+                    "routes": [
+                        {"match": {"prefix": "/"}, "route": {"cluster": "gpus", "timeout": "0s"}}
+                    ],
                 }
             ]
         },
@@ -141,12 +141,25 @@ def envoy_proxy_bootstrap(
         "filter_chains": [
             {
                 "filters": [
-                    {"name": "envoy.filters.network.http_connection_manager", "typed_config": manager}
+                    {
+                        "name": "envoy.filters.network.http_connection_manager",
+                        "typed_config": manager,
+                    }
                 ],
-                "transport_socket": {"name": "envoy.transport_sockets.tls", "typed_config": downstream_tls},
+                "transport_socket": {
+                    "name": "envoy.transport_sockets.tls",
+                    "typed_config": downstream_tls,
+                },
             }
         ],
     }
+    return listener
+
+
+def envoy_proxy_bootstrap(
+    listen: Endpoint, admin: Endpoint, gpus: Sequence[Endpoint], tls: PeerTls
+) -> dict[str, Any]:
+    """Plain gRPC proxying: mutual TLS in, h2c to the GPUs, LEAST_REQUEST, no retries."""
     cluster = {
         "name": "gpus",
         "type": "STATIC",
@@ -165,7 +178,7 @@ def envoy_proxy_bootstrap(
     }
     return {
         "admin": {"address": _address(admin)},
-        "static_resources": {"listeners": [listener], "clusters": [cluster]},
+        "static_resources": {"listeners": [_envoy_listener(listen, tls)], "clusters": [cluster]},
     }
 
 

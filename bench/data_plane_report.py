@@ -35,36 +35,41 @@ def goals(rows: dict[str, Any]) -> list[dict[str, Any]]:
     """Issue 14's goal, each figure from medians of the same run."""
     out = []
     for m in MODES:
-        hop_cpu = _get(rows, "bare hop", m, "cpu_ms_per_req", "hop")
-        hop_added = _get(rows, "bare hop", m, "added_p50_ms")
-        hop3_added = _get(rows, "3 bare hops", m, "added_p50_ms")
-        local_added = _get(rows, "local", m, "added_p50_ms")
-        rl_added = _get(rows, "regional+local", m, "added_p50_ms")
-        chain_added = _get(rows, "chain", m, "added_p50_ms")
-        rps = {r: _get(rows, r, m, "rps") for r in rows}
-        out += [
-            _goal("local tier / bare hop, req/s", m, _ratio(rps.get("local", NAN), rps.get("bare hop", NAN)), ">= 0.8"),
-            _goal("local tier / bare hop, CPU per request", m,
-                  _ratio(_get(rows, "local", m, "cpu_ms_per_req", "tls-local"), hop_cpu), "<= 1.25"),
-            _goal("regional tier / bare hop, CPU per request", m,
-                  _ratio(_get(rows, "regional+local", m, "cpu_ms_per_req", "tls-regional"), hop_cpu), "<= 1.25"),
-            _goal("global tier / bare hop, CPU per request", m,
-                  _ratio(_get(rows, "chain", m, "cpu_ms_per_req", "tls-global"), hop_cpu), "<= 1.25"),
-            _goal("chain / 3 bare hops, req/s", m,
-                  _ratio(rps.get("chain", NAN), rps.get("3 bare hops", NAN)), ">= 0.8"),
-            _goal("P50 added: local tier / bare hop", m, _ratio(local_added, hop_added), "<= 1.25"),
-            _goal("P50 added: regional tier (regional+local − local) / bare hop", m,
-                  _ratio(rl_added - local_added, hop_added), "<= 1.25"),
-            _goal("P50 added: global tier (chain − regional+local) / bare hop", m,
-                  _ratio(chain_added - rl_added, hop_added), "<= 1.25"),
-            _goal("P50 added: chain / 3 bare hops", m, _ratio(chain_added, hop3_added), "<= 1.25"),
-            _goal("tracing at the default sampler: req/s lost (chain vs tracing off)", m,
-                  1.0 - _ratio(rps.get("chain", NAN), rps.get("chain, tracing off", NAN)), "< 0.05"),
-            _goal("TLS between tiers: req/s lost (chain vs TLS off)", m,
-                  1.0 - _ratio(rps.get("chain", NAN), rps.get("chain, TLS off", NAN)), "-"),
-            _goal("local --workers 2 / 1 worker, req/s", m,
-                  _ratio(rps.get("local --workers 2", NAN), rps.get("local", NAN)), "-"),
+
+        def rps(row: str, m: str = m) -> float:
+            return _get(rows, row, m, "rps")
+
+        def cpu(row: str, process: str, m: str = m) -> float:
+            return _get(rows, row, m, "cpu_ms_per_req", process)
+
+        def added(row: str, m: str = m) -> float:
+            return _get(rows, row, m, "added_p50_ms")
+
+        hop_cpu, hop_added = cpu("bare hop", "hop"), added("bare hop")
+        figures = [
+            ("local tier / bare hop, req/s", _ratio(rps("local"), rps("bare hop")), ">= 0.8"),
+            ("local tier / bare hop, CPU per request",
+             _ratio(cpu("local", "tls-local"), hop_cpu), "<= 1.25"),
+            ("regional tier / bare hop, CPU per request",
+             _ratio(cpu("regional+local", "tls-regional"), hop_cpu), "<= 1.25"),
+            ("global tier / bare hop, CPU per request",
+             _ratio(cpu("chain", "tls-global"), hop_cpu), "<= 1.25"),
+            ("chain / 3 bare hops, req/s", _ratio(rps("chain"), rps("3 bare hops")), ">= 0.8"),
+            ("P50 added: local tier / bare hop", _ratio(added("local"), hop_added), "<= 1.25"),
+            ("P50 added: regional tier (regional+local − local) / bare hop",
+             _ratio(added("regional+local") - added("local"), hop_added), "<= 1.25"),
+            ("P50 added: global tier (chain − regional+local) / bare hop",
+             _ratio(added("chain") - added("regional+local"), hop_added), "<= 1.25"),
+            ("P50 added: chain / 3 bare hops",
+             _ratio(added("chain"), added("3 bare hops")), "<= 1.25"),
+            ("tracing at the default sampler: req/s lost (chain vs tracing off)",
+             1.0 - _ratio(rps("chain"), rps("chain, tracing off")), "< 0.05"),
+            ("TLS between tiers: req/s lost (chain vs TLS off)",
+             1.0 - _ratio(rps("chain"), rps("chain, TLS off")), "-"),
+            ("local --workers 2 / 1 worker, req/s",
+             _ratio(rps("local --workers 2"), rps("local")), "-"),
         ]  # fmt: skip
+        out += [_goal(name, m, value, target) for name, value, target in figures]
     return out
 
 

@@ -3,9 +3,9 @@
 ``Stack.start`` brings up Redis, the GPUs, the tier sets (``bench.data_plane_fleet``),
 the bare hops, the peers and the load generator, then checks that one request passes
 through every row; ``stop`` ends every process it started, however the run ended.
-Placement (``pin``): the load generator and the GPU worker process share core 0, every
-data plane under test (tiers, hops, peers, Redis) core 1, so rows compare what a
-data plane does with one core; the ``--workers 2`` row gets both cores.
+Placement (``pin``, once every process serves): the load generator and the GPU worker
+process share core 0, every data plane under test (tiers, hops, peers, Redis) core 1, so
+rows compare what a data plane does with one core; the ``--workers 2`` row gets both.
 """
 
 from __future__ import annotations
@@ -14,18 +14,22 @@ import json
 import os
 import sys
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from bench.data_plane_fleet import (
     MODEL,
+    REGION,
     Credentials,
     Proc,
     TierSet,
+    WorkersFlag,
     base_mapping,
     gpu_addresses,
-    has_workers_flag,
+    identity_files,
     issue_pki,
+    pin,
     set_mapping,
     tier_argv,
     tier_ready_as,
@@ -35,6 +39,7 @@ from bench.data_plane_fleet import (
 from bench.data_plane_peers import PeerTls, plan, write_files
 from cli.readiness import tier_ready
 from common.basics.redis_embed import EmbeddedRedis, free_port
+from common.config.identity import regional
 from common.config.node import Endpoint, parse_endpoint
 from common.tenancy.auth import new_key
 
@@ -90,85 +95,88 @@ class Stack:
         return {"env": {"PYTHONPATH": str(BENCH_ROOT)}, "cwd": BENCH_ROOT}
 
     def start(self) -> None:
+        """Spawn every process, then wait until each serves (GPUs first)."""
+        workers_flag = WorkersFlag(self.checkout)  # asks while the rest starts
         self.redis.start()
         assert self.redis.process is not None
         self.redis_pid = self.redis.process.pid
-        # Its one thread is the one that works: moved after start, it is moved whole.
-        os.sched_setaffinity(self.redis_pid, self.router_cpus or os.sched_getaffinity(0))
         base = base_mapping(self.redis.url, self.gpus, self.time_scale, self._digest)
         self.gpu_list = gpu_addresses(base)
-        tls = issue_pki(self.workdir / "pki", base)
-        self.tls = tls
+        self.tls = issue_pki(self.workdir / "pki", base)
         config = write_yaml(self.workdir / "gpus.yaml", base)
         argv = tier_argv("worker", config, ["--time-scale", str(self.time_scale)])
         worker = self._proc("gpus", argv, self.driver_cpus, **self._code_env())
-        for gpu in self.gpu_list:
-            wait_until(f"GPU {gpu}", worker, lambda g=gpu: tier_ready(g))
-        self._start_sets(base, tls)
-        self._start_hops(tls)
-        self._start_peers(tls)
-        self._start_driver()
+        self._pending = [(f"GPU {g}", worker, partial(tier_ready, g)) for g in self.gpu_list]
+        self._start_sets(base, workers_flag.answer())
+        self._start_hops()
+        self._start_peers()
+        argv = [sys.executable, "-m", "bench.data_plane_load"]
+        self.driver = self._proc("driver", argv, self.driver_cpus, pipes=True, **self._bench_env())
+        for what, proc, ready in self._pending:
+            wait_until(what, proc, ready, 90)
+        if self.read() != "ready":
+            raise RuntimeError(f"load driver did not start: {self.driver.tail()}")
+        for proc in self.procs.values():
+            pin(proc.pid, proc.cpus)
+        pin(self.redis_pid, self.router_cpus)
         self._rows()
 
-    def _start_sets(self, base: dict[str, Any], tls: dict[str, Any]) -> None:
-        workers = has_workers_flag(self.checkout)
+    def _start_sets(self, base: dict[str, Any], workers: bool) -> None:
+        every = ("local", "regional", "global")
         specs: list[tuple[str, dict[str, Any] | None, dict[str, str], tuple[str, ...]]] = [
-            ("tls", tls, {}, ("local", "regional", "global")),
-            ("plain", None, {}, ("local", "regional", "global")),
-            ("untraced", tls, {"OTEL_SDK_DISABLED": "true"}, ("local", "regional", "global")),
+            ("tls", self.tls, {}, every),
+            ("plain", None, {}, every),
+            ("untraced", self.tls, {"OTEL_SDK_DISABLED": "true"}, every),
         ]
         if workers:
-            specs.append(("workers", tls, {}, ("local",)))
+            specs.append(("workers", self.tls, {}, ("local",)))
         else:
             self.unavailable["local --workers 2"] = (
                 "not available: `meridian local --help` of the code under test has no --workers"
             )
-        for db, (name, set_tls, env, tiers) in enumerate(specs, start=1):
-            mapping = set_mapping(base, db, set_tls)
-            tier_set = TierSet(name, write_yaml(self.workdir / f"{name}.yaml", mapping), mapping, env, set_tls)
+        for db, (name, tls, env, tiers) in enumerate(specs, start=1):
+            mapping = set_mapping(base, db, tls)
+            config = write_yaml(self.workdir / f"{name}.yaml", mapping)
+            tier_set = TierSet(name, config, mapping, env, tls)
             self.sets[name] = tier_set
             for tier in tiers:
                 extra = ["--workers", "2"] if name == "workers" else []
                 cpus = frozenset() if name == "workers" else self.router_cpus
                 code = self._code_env()
                 code["env"] = {**code["env"], **env}
-                argv = tier_argv(tier, tier_set.config, extra)
-                tier_set.procs[tier] = self._proc(f"{name}-{tier}", argv, cpus, **code)
-            for tier in tiers:  # bottom first: each finds its children serving
-                proc, address = tier_set.procs[tier], tier_set.address(tier)
-                creds = tier_set.caller(tier)
-                wait_until(f"{proc.name} on {address}", proc, lambda a=address, c=creds: tier_ready_as(a, c), 60)
+                proc = self._proc(f"{name}-{tier}", tier_argv(tier, config, extra), cpus, **code)
+                tier_set.procs[tier] = proc
+                ready = partial(tier_ready_as, tier_set.address(tier), tier_set.caller(tier))
+                self._pending.append((f"{proc.name} on {tier_set.address(tier)}", proc, ready))
 
-    def _hop(self, name: str, upstream: list[str], tls: dict[str, Any], serve: bool, up: bool) -> str:
+    def _hop(self, name: str, upstream: list[str], serve: bool, up: bool) -> str:
         listen = f"127.0.0.1:{free_port()}"
         argv = [sys.executable, "-m", "bench.data_plane_hop", "--listen", listen,
                 "--upstream", ",".join(upstream)]  # fmt: skip
-        files = self._tier_files(tls)
+        files = self.peer_files()
         if serve or up:
             argv += ["--tls-ca", files.ca, "--tls-cert", files.cert, "--tls-key", files.key]
         argv += ["--tls-serve"] * serve + ["--tls-upstream"] * up
         proc = self._proc(name, argv, self.router_cpus, **self._bench_env())
-        creds = files if serve else None
-        wait_until(name, proc, lambda: tier_ready_as(listen, creds))
+        ready = partial(tier_ready_as, listen, files if serve else None)
+        self._pending.append((name, proc, ready))
         return listen
 
-    def _tier_files(self, tls: dict[str, Any]) -> Credentials:
-        """The certificate hops and peers present and serve: the regional tier's (any
-        the fleet CA signed would do; the caller is checked against the CA only)."""
-        caller = self.sets["tls"].caller("local")
-        assert caller is not None
-        return caller
+    def peer_files(self) -> Credentials:
+        """The certificate hops and peers serve and the driver presents to them: the
+        regional tier's (any the fleet CA signed would do: they check the CA only)."""
+        return identity_files(self.tls, regional(REGION))
 
-    def _start_hops(self, tls: dict[str, Any]) -> None:
+    def _start_hops(self) -> None:
         # Alone: mutual TLS to the caller, plaintext to the GPUs (as the local tier).
-        self.hop = self._hop("hop", self.gpu_list, tls, serve=True, up=False)
+        self.hop = self._hop("hop", self.gpu_list, serve=True, up=False)
         # In series, as the chain: plaintext edge, TLS between hops, plaintext to GPUs.
-        c = self._hop("hop3-c", self.gpu_list, tls, serve=True, up=False)
-        b = self._hop("hop3-b", [c], tls, serve=True, up=True)
-        self.hop3 = self._hop("hop3-a", [b], tls, serve=False, up=True)
+        c = self._hop("hop3-c", self.gpu_list, serve=True, up=False)
+        b = self._hop("hop3-b", [c], serve=True, up=True)
+        self.hop3 = self._hop("hop3-a", [b], serve=False, up=True)
 
-    def _start_peers(self, tls: dict[str, Any]) -> None:
-        files = self._tier_files(tls)
+    def _start_peers(self) -> None:
+        files = self.peer_files()
         peer_tls = PeerTls(files.ca, files.cert, files.key)
         gpus = [parse_endpoint(g, "gpus") for g in self.gpu_list]
         self.peer_address: dict[str, str] = {}
@@ -183,14 +191,8 @@ class Stack:
                 continue
             write_files(peer, workdir)
             proc = self._proc(name, peer.argv, self.router_cpus)
-            wait_until(name, proc, lambda a=listen.address: tier_ready_as(a, files))
+            self._pending.append((name, proc, partial(tier_ready_as, listen.address, files)))
             self.peer_address[name] = listen.address
-
-    def _start_driver(self) -> None:
-        argv = [sys.executable, "-m", "bench.data_plane_load"]
-        self.driver = self._proc("driver", argv, self.driver_cpus, pipes=True, **self._bench_env())
-        if self.read() != "ready":
-            raise RuntimeError(f"load driver did not start: {self.driver.tail()}")
 
     def _rows(self) -> None:
         t = self.sets["tls"]
@@ -198,7 +200,7 @@ class Stack:
         meridian = ("gpus", "redis")
         self.rows = [
             Row("direct", tuple(self.gpu_list), gpus),
-            Row("bare hop", (self.hop,), ("hop", *gpus), self._tier_files(self.tls)),
+            Row("bare hop", (self.hop,), ("hop", *gpus), self.peer_files()),
             Row("local", (t.address("local"),), ("tls-local", *meridian), t.caller("local")),
             Row("regional+local", (t.address("regional"),),
                 ("tls-regional", "tls-local", *meridian), t.caller("regional")),
@@ -207,11 +209,16 @@ class Stack:
             Row("3 bare hops", (self.hop3,), ("hop3-a", "hop3-b", "hop3-c", *gpus)),
         ]  # fmt: skip
         for name, address in self.peer_address.items():
-            self.rows.append(Row(name, (address,), (name, *gpus), self._tier_files(self.tls)))
+            self.rows.append(Row(name, (address,), (name, *gpus), self.peer_files()))
         if "workers" in self.sets:
             w = self.sets["workers"]
             self.rows.append(
-                Row("local --workers 2", (w.address("local"),), ("workers-local", *meridian), w.caller("local"))
+                Row(
+                    "local --workers 2",
+                    (w.address("local"),),
+                    ("workers-local", *meridian),
+                    w.caller("local"),
+                )
             )
         for name in ("plain", "untraced"):
             s = self.sets[name]
@@ -221,7 +228,9 @@ class Stack:
 
     # --- the driver --------------------------------------------------------------
 
-    def job(self, row: Row, mode: str, seconds: float, warmup_s: float, concurrency: int) -> dict[str, Any]:
+    def job(
+        self, row: Row, mode: str, seconds: float, warmup_s: float, concurrency: int
+    ) -> dict[str, Any]:
         job: dict[str, Any] = {
             "targets": list(row.targets), "mode": mode, "model": MODEL, "concurrency": concurrency,
             "seconds": seconds, "warmup_s": warmup_s,
@@ -247,8 +256,10 @@ class Stack:
         return line.strip()
 
     def stop(self) -> None:
-        """Every process, last started first, then Redis."""
-        for proc in reversed(list(self.procs.values())):
+        """Every process (all asked at once, then each waited for), then Redis."""
+        for proc in self.procs.values():
+            proc.terminate()
+        for proc in self.procs.values():
             proc.stop()
         self.redis.close()
 
