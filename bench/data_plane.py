@@ -19,7 +19,7 @@ not depend on how the cores were shared.
 
     python -m bench.data_plane                 # full run, ~5 min, writes bench/results/
     python -m bench.data_plane --quick         # ~40 s smoke, writes nothing
-    PYTHONPATH=/work/wt/hotpath python -m bench.data_plane   # tiers run that checkout
+    PYTHONPATH=../other python -m bench.data_plane --name data_plane_other   # tiers run ../other
 """
 
 from __future__ import annotations
@@ -58,10 +58,12 @@ def git_head(path: Path) -> str:
     return out.stdout.strip() or "(not a git checkout)"
 
 
-def measure(stack: Stack, row: Row, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+def measure(
+    stack: Stack, row: Row, mode: str, seconds: float, warmup: float, concurrency: int
+) -> dict[str, Any]:
     """One window through ``row``: the driver's figures and every process's CPU."""
     cpu = ProcCpu(stack.pids(row))
-    stack.send(stack.job(row, mode, args.seconds, args.warmup, args.concurrency))
+    stack.send(stack.job(row, mode, seconds, warmup, concurrency))
     seconds: dict[str, float] = {}
     while not (line := stack.read()).startswith("{"):
         if line == "begin":
@@ -126,7 +128,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(args.rounds):
                 for row in rows:
                     for mode in MODES:
-                        w = measure(stack, row, mode, args)
+                        w = measure(stack, row, mode, args.seconds, args.warmup, args.concurrency)
+                        # The latency one request adds, without queueing: 1 in flight.
+                        idle = measure(stack, row, mode, args.idle_seconds, args.warmup / 2, 1)
+                        w["idle"] = idle
                         windows.setdefault(row.name, {}).setdefault(mode, []).append(w)
                         rps = w.get("rps", 0.0)
                         print(
@@ -153,16 +158,22 @@ def summarise(
         rows[name] = {}
         for mode, ws in modes.items():
             ok = [w for w in ws if "failed" not in w]
-            added = [
-                w["p50_ms"] - d["p50_ms"] for w, d in zip(ws, direct.get(mode, []), strict=False)
+            pairs = [
+                (w, d) for w, d in zip(ws, direct.get(mode, []), strict=False)
                 if "failed" not in w and "failed" not in d
             ]  # fmt: skip
+            added = [w["p50_ms"] - d["p50_ms"] for w, d in pairs]
+            idle = [(w["idle"], d["idle"]) for w, d in pairs]
+            idle = [(w, d) for w, d in idle if "failed" not in w and "failed" not in d]
             procs = sorted({p for w in ok for p in w["cpu_ms_per_req"]})
             rows[name][mode] = {
                 "rps": _median([w["rps"] for w in ok]),
                 "p50_ms": _median([w["p50_ms"] for w in ok]),
                 "p99_ms": _median([w["p99_ms"] for w in ok]),
                 "added_p50_ms": _median(added),
+                "idle_p50_ms": _median([w["p50_ms"] for w, _ in idle]),
+                "idle_p99_ms": _median([w["p99_ms"] for w, _ in idle]),
+                "idle_added_p50_ms": _median([w["p50_ms"] - d["p50_ms"] for w, d in idle]),
                 "errors": sum(w["errors"] for w in ok),
                 "failed_windows": [w["failed"] for w in ws if "failed" in w],
                 "cpu_ms_per_req": {p: _median([w["cpu_ms_per_req"][p] for w in ok]) for p in procs},
@@ -177,7 +188,7 @@ def summarise(
             "platform": platform.platform(),
         },
         "checkout": {"path": str(checkout), "head": git_head(checkout)},
-        "params": {k: v for k, v in vars(args).items() if k != "no_write"},
+        "params": {k: v for k, v in vars(args).items() if k not in ("no_write", "name")},
         "placement": (
             "unpinned"
             if args.no_pin or (os.cpu_count() or 1) < 2
@@ -194,24 +205,31 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 short round, writes nothing")
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=2.5, help="measured seconds per window")
+    parser.add_argument("--seconds", type=float, default=2.0, help="measured seconds per window")
     parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds first")
+    parser.add_argument(
+        "--idle-seconds", type=float, default=1.0, help="seconds of the 1-in-flight window"
+    )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--gpus", type=int, default=4)
     parser.add_argument("--time-scale", type=float, default=0.001)
     parser.add_argument("--no-pin", action="store_true", help="let every process use every core")
     parser.add_argument("--checkout", help="the code the tiers run (default: PYTHONPATH[0])")
+    parser.add_argument(
+        "--name", default="data_plane", help="results file name (e.g. data_plane_hotpath)"
+    )
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.seconds, args.warmup, args.no_write = 1, 0.5, 0.2, True
+        args.idle_seconds = 0.3
     result = run(args)
     text = markdown(result)
     print(text)
     if not args.no_write:
         RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "data_plane.json").write_text(json.dumps(result, indent=2) + "\n")
-        (RESULTS / "data_plane.md").write_text(text)
+        (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+        (RESULTS / f"{args.name}.md").write_text(text)
 
 
 if __name__ == "__main__":
