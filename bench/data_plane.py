@@ -204,11 +204,13 @@ def summarise(
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="1 short round, writes nothing")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--seconds", type=float, default=2.0, help="measured seconds per window")
-    parser.add_argument("--warmup", type=float, default=0.5, help="unmeasured seconds first")
+    # Many short rounds rather than a few long ones: on a shared machine a row's window
+    # now and then loses its core to other work, and the median of 5 leaves that out.
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--seconds", type=float, default=1.2, help="measured seconds per window")
+    parser.add_argument("--warmup", type=float, default=0.3, help="unmeasured seconds first")
     parser.add_argument(
-        "--idle-seconds", type=float, default=1.0, help="seconds of the 1-in-flight window"
+        "--idle-seconds", type=float, default=0.5, help="seconds of the 1-in-flight window"
     )
     parser.add_argument("--concurrency", type=int, default=32)
     parser.add_argument("--gpus", type=int, default=4)

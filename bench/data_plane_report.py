@@ -51,6 +51,9 @@ def goals(rows: dict[str, Any]) -> list[dict[str, Any]]:
         def added(row: str, m: str = m) -> float:
             return _get(rows, row, m, "idle_added_p50_ms")
 
+        def path_cpu(row: str, m: str = m) -> float:
+            return _get(rows, row, m, "cpu_ms_per_req_path")
+
         hop_cpu, hop_added = cpu("bare hop", "hop"), added("bare hop")
         figures = [
             ("local tier / bare hop, req/s", _ratio(rps("local"), rps("bare hop")), ">= 0.8"),
@@ -71,8 +74,12 @@ def goals(rows: dict[str, Any]) -> list[dict[str, Any]]:
              _ratio(added("chain"), added("3 bare hops")), "<= 1.25"),
             ("tracing at the default sampler: req/s lost (chain vs tracing off)",
              1.0 - _ratio(rps("chain"), rps("chain, tracing off")), "< 0.05"),
+            ("tracing at the default sampler: CPU per request added (chain vs tracing off)",
+             _ratio(path_cpu("chain"), path_cpu("chain, tracing off")) - 1.0, "< 0.05"),
             ("TLS between tiers: req/s lost (chain vs TLS off)",
              1.0 - _ratio(rps("chain"), rps("chain, TLS off")), "-"),
+            ("TLS between tiers: CPU per request added (chain vs TLS off)",
+             _ratio(path_cpu("chain"), path_cpu("chain, TLS off")) - 1.0, "-"),
             ("local --workers 2 / 1 worker, req/s",
              _ratio(rps("local --workers 2"), rps("local")), "-"),
         ]  # fmt: skip
