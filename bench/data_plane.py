@@ -37,7 +37,7 @@ from typing import Any
 
 from bench.data_plane_load import ProcCpu
 from bench.data_plane_report import goals, markdown
-from bench.data_plane_stack import BENCH_ROOT, Row, Stack
+from bench.data_plane_stack import BENCH_ROOT, COMPARED, Row, Stack
 
 RESULTS = Path(__file__).parent / "results"
 MODES = ("unary", "stream")
@@ -64,18 +64,19 @@ def measure(
     """One window through ``row``: the driver's figures and every process's CPU."""
     cpu = ProcCpu(stack.pids(row))
     stack.send(stack.job(row, mode, seconds, warmup, concurrency))
-    seconds: dict[str, float] = {}
+    used: dict[str, float] = {}
     while not (line := stack.read()).startswith("{"):
         if line == "begin":
             cpu.start()
         elif line == "end":
-            seconds = cpu.stop()
+            used = cpu.stop()
     result: dict[str, Any] = json.loads(line)
     if "failed" in result:
         return {"failed": result["failed"]}
     result.pop("latencies_ms", None)
     done = max(1, result["done"])
-    result["cpu_ms_per_req"] = {name: 1000.0 * s / done for name, s in seconds.items()}
+    result["cpu_s"] = used
+    result["cpu_ms_per_req"] = {name: 1000.0 * s / done for name, s in used.items()}
     result["cpu_ms_per_req_path"] = sum(
         v for k, v in result["cpu_ms_per_req"].items() if k not in ("driver", "gpus")
     )
@@ -111,9 +112,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     checkout = checkout_under_test(args.checkout)
     windows: dict[str, dict[str, list[dict[str, Any]]]] = {}
     with tempfile.TemporaryDirectory(prefix="meridian-data-plane-") as tmp:
+        compare = Path(args.compare).resolve() if args.compare else None
         stack = Stack(
-            Path(tmp), checkout, gpus=args.gpus, time_scale=args.time_scale, pin=not args.no_pin
-        )
+            Path(tmp), checkout, gpus=args.gpus, time_scale=args.time_scale,
+            pin=not args.no_pin, compare=compare,
+        )  # fmt: skip
         try:
             started = time.monotonic()
             stack.start()
@@ -149,6 +152,12 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
+def _pooled(windows: list[dict[str, Any]], processes: set[str]) -> float:
+    done = sum(w["done"] for w in windows)
+    used = sum(s for w in windows for p, s in w["cpu_s"].items() if p in processes)
+    return 1000.0 * used / done if done else float("nan")
+
+
 def summarise(
     args: argparse.Namespace, checkout: Path, windows: dict[str, Any], stack: Stack
 ) -> dict[str, Any]:
@@ -176,8 +185,10 @@ def summarise(
                 "idle_added_p50_ms": _median([w["p50_ms"] - d["p50_ms"] for w, d in idle]),
                 "errors": sum(w["errors"] for w in ok),
                 "failed_windows": [w["failed"] for w in ws if "failed" in w],
-                "cpu_ms_per_req": {p: _median([w["cpu_ms_per_req"][p] for w in ok]) for p in procs},
-                "cpu_ms_per_req_path": _median([w["cpu_ms_per_req_path"] for w in ok]),
+                # Pooled over the rounds (all CPU / all requests): a window that lost its
+                # core counts for the few requests it served, and 10 ms ticks add up.
+                "cpu_ms_per_req": {p: _pooled(ok, {p}) for p in procs},
+                "cpu_ms_per_req_path": _pooled(ok, set(procs) - {"driver", "gpus"}),
                 "rounds_rps": [w.get("rps") for w in ws],
             }
     return {
@@ -188,6 +199,11 @@ def summarise(
             "platform": platform.platform(),
         },
         "checkout": {"path": str(checkout), "head": git_head(checkout)},
+        "compared": (
+            None
+            if stack.compare is None
+            else {"path": str(stack.compare), "head": git_head(stack.compare)}
+        ),
         "params": {k: v for k, v in vars(args).items() if k not in ("no_write", "name")},
         "placement": (
             "unpinned"
@@ -198,6 +214,7 @@ def summarise(
         "unavailable": stack.unavailable,
         "rows": rows,
         "goals": goals(rows),
+        "goals_compared": goals(rows, COMPARED, "cmp") if stack.compare is not None else [],
     }
 
 
@@ -217,6 +234,11 @@ def main() -> None:
     parser.add_argument("--time-scale", type=float, default=0.001)
     parser.add_argument("--no-pin", action="store_true", help="let every process use every core")
     parser.add_argument("--checkout", help="the code the tiers run (default: PYTHONPATH[0])")
+    parser.add_argument(
+        "--compare",
+        metavar="DIR",
+        help="also run another checkout's tiers, as rows marked [compared] (before/after)",
+    )
     parser.add_argument(
         "--name", default="data_plane", help="results file name (e.g. data_plane_hotpath)"
     )

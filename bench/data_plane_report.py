@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 MODES = ("unary", "stream")
@@ -37,23 +38,40 @@ def _goal(name: str, mode: str, value: float, target: str) -> dict[str, Any]:
     return {"goal": name, "mode": mode, "value": value, "target": target, "met": met}
 
 
-def goals(rows: dict[str, Any]) -> list[dict[str, Any]]:
+@dataclass(frozen=True)
+class Figures:
+    """One mode's medians, read by row; ``tag`` and ``tiers`` pick the compared
+    checkout's tier rows and processes (the floors and peers are shared)."""
+
+    rows: dict[str, Any]
+    mode: str
+    tag: str = ""
+    tiers: str = "tls"
+
+    def _row(self, row: str) -> str:
+        shared = row in ("direct", "bare hop", "3 bare hops") or row.startswith("chain,")
+        return row if shared else row + self.tag
+
+    def rps(self, row: str) -> float:
+        return _get(self.rows, self._row(row), self.mode, "rps")
+
+    def cpu(self, row: str, process: str) -> float:
+        process = process.replace("tls-", f"{self.tiers}-")
+        return _get(self.rows, self._row(row), self.mode, "cpu_ms_per_req", process)
+
+    def added(self, row: str) -> float:
+        return _get(self.rows, self._row(row), self.mode, "idle_added_p50_ms")
+
+    def path_cpu(self, row: str) -> float:
+        return _get(self.rows, self._row(row), self.mode, "cpu_ms_per_req_path")
+
+
+def goals(rows: dict[str, Any], tag: str = "", tiers: str = "tls") -> list[dict[str, Any]]:
     """Issue 14's goal, each figure from medians of the same run."""
     out = []
     for m in MODES:
-
-        def rps(row: str, m: str = m) -> float:
-            return _get(rows, row, m, "rps")
-
-        def cpu(row: str, process: str, m: str = m) -> float:
-            return _get(rows, row, m, "cpu_ms_per_req", process)
-
-        def added(row: str, m: str = m) -> float:
-            return _get(rows, row, m, "idle_added_p50_ms")
-
-        def path_cpu(row: str, m: str = m) -> float:
-            return _get(rows, row, m, "cpu_ms_per_req_path")
-
+        f = Figures(rows, m, tag, tiers)
+        rps, cpu, added, path_cpu = f.rps, f.cpu, f.added, f.path_cpu
         hop_cpu, hop_added = cpu("bare hop", "hop"), added("bare hop")
         figures = [
             ("local tier / bare hop, req/s", _ratio(rps("local"), rps("bare hop")), ">= 0.8"),
@@ -123,6 +141,7 @@ def markdown(r: dict[str, Any]) -> str:
     rows = "\n".join(_row_line(n, m) for n, m in r["rows"].items())
     cpu = "\n".join(_cpu_line(n, m) for n, m in r["rows"].items())
     goal_lines = "\n".join(_goal_line(g) for g in r["goals"])
+    compared = _compared(r)
     missing = "\n".join(f"- {n}: {why}" for n, why in r["unavailable"].items()) or "- none"
     load = ", ".join(f"{x:.1f}" for x in mach["loadavg_at_end"])
     return f"""# Data plane — Meridian's tiers against a bare hop, nginx, HAProxy, Envoy
@@ -143,7 +162,8 @@ Latency in ms. *req/s*, *P50 / P99* and *CPU* with {p["concurrency"]} in flight;
 with one request in flight ({p["idle_seconds"]} s window, no queueing) and *1: +P50* what
 that adds over *direct* in the same round: the latency a hop adds. *CPU* = CPU ms per
 request of the data plane's processes (tiers, hops or peer, and Redis for Meridian rows;
-not the client, not the GPUs), from /proc utime+stime.
+not the client, not the GPUs), from /proc utime+stime, pooled over the rounds (all CPU
+over all requests); req/s and latencies are medians over rounds.
 
 {HEADER}
 {rows}
@@ -161,6 +181,27 @@ Against issue 14's goal (ratios of the medians above):
 |---|---|---|---|---|
 {goal_lines}
 
-Not measured:
+{compared}Not measured:
 {missing}
+"""
+
+
+def _compared(r: dict[str, Any]) -> str:
+    """The compared checkout's goal figures beside this one's (same run, same rounds)."""
+    if not r.get("compared"):
+        return ""
+    pairs = zip(r["goals"], r["goals_compared"], strict=True)
+    lines = "\n".join(
+        f"| {a['goal']} | {a['mode']} | {_f(a['value'], 2)} | {_f(b['value'], 2)} | {a['target']} |"
+        for a, b in pairs
+        if "tracing" not in a["goal"] and "TLS" not in a["goal"] and "workers" not in a["goal"]
+    )
+    c = r["compared"]
+    return f"""Compared in the same run (rows marked *[compared]*: the tiers of `{c["path"]}` at
+`{c["head"]}`, on the same GPUs, hops and client, interleaved with this checkout's):
+
+| figure | mode | this checkout | compared | goal |
+|---|---|---|---|---|
+{lines}
+
 """

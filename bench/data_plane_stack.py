@@ -45,6 +45,7 @@ from common.tenancy.auth import new_key
 
 BENCH_ROOT = Path(__file__).resolve().parent.parent
 PEERS = ("nginx", "haproxy", "envoy")
+COMPARED = " [compared]"  # the rows of --compare's checkout
 
 
 @dataclass(frozen=True)
@@ -66,6 +67,8 @@ class Stack:
     time_scale: float = 0.001
     pin: bool = True
     peers: tuple[str, ...] = PEERS
+    # Another checkout whose tiers run beside these (set ``cmp``): before/after in one run.
+    compare: Path | None = None
     procs: dict[str, Proc] = field(default_factory=dict)
     rows: list[Row] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)  # row -> why not measured
@@ -87,9 +90,10 @@ class Stack:
         proc.start()
         return proc
 
-    def _code_env(self) -> dict[str, Any]:
+    def _code_env(self, checkout: Path | None = None) -> dict[str, Any]:
         """Run the checkout under test: its directory first on the path."""
-        return {"env": {"PYTHONPATH": str(self.checkout)}, "cwd": self.checkout}
+        where = checkout or self.checkout
+        return {"env": {"PYTHONPATH": str(where)}, "cwd": where}
 
     def _bench_env(self) -> dict[str, Any]:
         return {"env": {"PYTHONPATH": str(BENCH_ROOT)}, "cwd": BENCH_ROOT}
@@ -128,6 +132,8 @@ class Stack:
             ("plain", None, {}, every),
             ("untraced", self.tls, {"OTEL_SDK_DISABLED": "true"}, every),
         ]
+        if self.compare is not None:
+            specs.append(("cmp", self.tls, {}, every))
         if workers:
             specs.append(("workers", self.tls, {}, ("local",)))
         else:
@@ -142,7 +148,7 @@ class Stack:
             for tier in tiers:
                 extra = ["--workers", "2"] if name == "workers" else []
                 cpus = frozenset() if name == "workers" else self.router_cpus
-                code = self._code_env()
+                code = self._code_env(self.compare if name == "cmp" else None)
                 code["env"] = {**code["env"], **env}
                 proc = self._proc(f"{name}-{tier}", tier_argv(tier, config, extra), cpus, **code)
                 tier_set.procs[tier] = proc
@@ -194,20 +200,29 @@ class Stack:
             self._pending.append((name, proc, partial(tier_ready_as, listen.address, files)))
             self.peer_address[name] = listen.address
 
+    def _tier_rows(self, name: str, tag: str) -> list[Row]:
+        """local, regional+local and chain through tier set ``name``."""
+        t, meridian = self.sets[name], ("gpus", "redis")
+        return [
+            Row(f"local{tag}", (t.address("local"),), (f"{name}-local", *meridian),
+                t.caller("local")),
+            Row(f"regional+local{tag}", (t.address("regional"),),
+                (f"{name}-regional", f"{name}-local", *meridian), t.caller("regional")),
+            Row(f"chain{tag}", (t.address("global"),),
+                (f"{name}-global", f"{name}-regional", f"{name}-local", *meridian), None, True),
+        ]  # fmt: skip
+
     def _rows(self) -> None:
-        t = self.sets["tls"]
         gpus = ("gpus",)
         meridian = ("gpus", "redis")
         self.rows = [
             Row("direct", tuple(self.gpu_list), gpus),
             Row("bare hop", (self.hop,), ("hop", *gpus), self.peer_files()),
-            Row("local", (t.address("local"),), ("tls-local", *meridian), t.caller("local")),
-            Row("regional+local", (t.address("regional"),),
-                ("tls-regional", "tls-local", *meridian), t.caller("regional")),
-            Row("chain", (t.address("global"),),
-                ("tls-global", "tls-regional", "tls-local", *meridian), None, True),
+            *self._tier_rows("tls", ""),
             Row("3 bare hops", (self.hop3,), ("hop3-a", "hop3-b", "hop3-c", *gpus)),
-        ]  # fmt: skip
+        ]
+        if "cmp" in self.sets:
+            self.rows += self._tier_rows("cmp", COMPARED)
         for name, address in self.peer_address.items():
             self.rows.append(Row(name, (address,), (name, *gpus), self.peer_files()))
         if "workers" in self.sets:
