@@ -93,9 +93,7 @@ def place(spec: dict[str, Any], hosts: Hosts, shape: FleetShape) -> dict[str, An
 class MultiHostFleet:
     """The fleet on its hosts; ``start()`` / ``stop()`` (``stop`` removes the hosts too)."""
 
-    def __init__(
-        self, run_dir: Path, shape: FleetShape = FleetShape(), **overrides: Any
-    ) -> None:
+    def __init__(self, run_dir: Path, shape: FleetShape = FleetShape(), **overrides: Any) -> None:
         self.run_dir = Path(run_dir)
         self.shape = shape
         self.hosts = Hosts(self.run_dir / "logs")

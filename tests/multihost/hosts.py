@@ -265,6 +265,11 @@ class Hosts:
         if self._closed:
             return
         self._closed = True
+        # SIGTERM to all first (newest first: upper tiers stop sending before the ones
+        # below go), then wait for each: one at a time took seconds per process.
+        for proc in reversed(self.processes):
+            if proc.alive() and proc.process is not None:
+                proc.process.terminate()
         for proc in reversed(self.processes):
             proc.stop(timeout_s=3.0)
         for netns in reversed(self._namespaces):
