@@ -100,7 +100,7 @@ def summary(parts: list[dict[str, Any]], redis: dict[str, Any]) -> dict[str, Any
         "redis_cut_failures": redis["failures"],
         "redis_cut_served_by_region": redis["served_by_region_during_cut"],
         "redis_cut_requests": redis["requests_during_cut"],
-        "redis_cut_region_summaries": redis["region_summaries_during_cut"],
+        "redis_cut_zone_summaries": redis["zone_summaries_during_cut"],
         "redis_summaries_resumed_s": redis["summaries_resumed_s"],
     }
 
@@ -134,9 +134,13 @@ def markdown(result: dict[str, Any]) -> str:
         f"{s['redis_cut_failures']} / {s['redis_cut_served_by_region']} of "
         f"{s['redis_cut_requests']} | 0 / – |",
         f"| ... its capacity summaries written during that cut / resumed after the heal | "
-        f"{s['redis_cut_region_summaries']} / {s['redis_summaries_resumed_s']} s | 0 / – |",
+        f"{s['redis_cut_zone_summaries']} / {s['redis_summaries_resumed_s']} s | 0 / – |",
         "",
         "## First partition, second by second (requests started, by serving region)",
+        "",
+        f"t: seconds since the load began; the cut at t = {parts[0]['cut_at_s']:g}, the heal "
+        f"at t = {parts[0]['heal_at_s']:g}. The 4 clients wait for their answers, so a "
+        "second with no start is one in which every client was held up by the cut.",
         "",
         "| t (s) | " + " | ".join(regions) + " | failed | |",
         "|---" * (len(regions) + 3) + "|",

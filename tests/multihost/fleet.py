@@ -10,7 +10,9 @@ service address, so the topology's ``listen`` addresses are the hosts' own.
 Redis per region: the topology seam ``regions[].redis_url`` (owner h-redis) is not on
 main yet, so every tier uses the one Redis on the ``redis`` host (each region reaching it
 over a link of its own). ``FleetShape.redis_per_region`` is the switch for when it lands:
-it gives each region a Redis host ``<region>-redis`` and its ``redis_url``.
+it gives each region a Redis host ``<region>-redis`` and its ``redis_url``, which holds
+that region's zone summaries; the global Redis keeps the region summaries, quotas and
+usage records, so every region keeps its link to it too.
 
 The harness's own process lives in no host's network: it reaches a host's servers through
 that host's door (``tests.multihost.door``), Unix sockets relayed to TCP on the host, and
@@ -122,11 +124,11 @@ class MultiHostFleet:
         for region in self.regions:
             h.add_host(region)
             h.link("global", region)
+            # Region summaries stay in the global Redis either way (h-redis's layout).
+            h.link(region, "redis")
             if self.shape.redis_per_region:
                 h.add_host(f"{region}-redis")
                 h.link(region, f"{region}-redis")
-            else:
-                h.link(region, "redis")
 
     def redis_host_of(self, region: str) -> str:
         return f"{region}-redis" if self.shape.redis_per_region else "redis"

@@ -20,7 +20,7 @@ from typing import Any
 
 import grpc
 
-from common.capacity.streams import region_stream
+from common.capacity.streams import zone_stream
 from tests.client import Sample, region_of
 from tests.multihost.fleet import MultiHostFleet
 from tests.multihost.load import PacedLoad, buckets
@@ -157,8 +157,8 @@ class RedisCutRun:
     cut: float
     heal: float
     samples: list[Sample]
-    stream_advanced_during_cut: int  # region summaries written while cut (expect 0)
-    stream_resumed_s: float | None  # heal → the first new region summary
+    stream_advanced_during_cut: int  # zone summaries written while cut (expect 0)
+    stream_resumed_s: float | None  # heal → the first new zone summary
 
     def figures(self) -> dict[str, Any]:
         during = [s for s in self.samples if self.cut <= s.started < self.heal]
@@ -171,7 +171,7 @@ class RedisCutRun:
                 s.code == grpc.StatusCode.OK and region_of(s.route) == self.region for s in during
             ),
             "failures": len(failed),
-            "region_summaries_during_cut": self.stream_advanced_during_cut,
+            "zone_summaries_during_cut": self.stream_advanced_during_cut,
             "summaries_resumed_s": (
                 None if self.stream_resumed_s is None else round(self.stream_resumed_s, 3)
             ),
@@ -179,8 +179,14 @@ class RedisCutRun:
 
 
 def _summaries_since(fleet: MultiHostFleet, region: str, since_ms: int) -> int:
+    """Zone summaries of ``region`` written to its Redis after ``since_ms`` (its local
+    tiers write them to the Redis the region uses, with or without a Redis per region)."""
+    zones = [z.name for z in fleet.topology.region(region).zones]
     with fleet.redis_client(fleet.redis_host_of(region)) as client:
-        return len(client.xrange(region_stream(region), min=f"{since_ms + 1}", max="+"))
+        return sum(
+            len(client.xrange(zone_stream(region, zone), min=f"{since_ms + 1}", max="+"))
+            for zone in zones
+        )
 
 
 def _redis_ms(fleet: MultiHostFleet, region: str) -> int:

@@ -12,12 +12,12 @@ import pytest
 from tests.multihost.hosts import Hosts, reap_stale
 
 PORT = 9000
-# Host a: accept one connection, then report what each read gives (4 s per read).
+# Host a: accept one connection, then report what each read gives (2 s per read).
 SERVER = f"""
 import socket, sys
 s = socket.socket(); s.bind((sys.argv[1], {PORT})); s.listen()
 print("listening", flush=True)
-c, _ = s.accept(); c.settimeout(4)
+c, _ = s.accept(); c.settimeout(2)
 while True:
     try:
         data = c.recv(100)
@@ -28,17 +28,17 @@ while True:
     print("eof" if not data else f"got {{len(data)}}", flush=True)
     if not data: break
 """
-# Host b: connect, say hello, then send for 3 s (the test cuts meanwhile); then one read.
+# Host b: connect, say hello, then send for 2.4 s (the test cuts meanwhile); one read.
 CLIENT = f"""
 import socket, sys, time
-c = socket.create_connection((sys.argv[1], {PORT}), timeout=5); c.settimeout(1.5)
-c.sendall(b"hello"); print("sent hello", flush=True); time.sleep(1.0)
+c = socket.create_connection((sys.argv[1], {PORT}), timeout=5); c.settimeout(1.0)
+c.sendall(b"hello"); print("sent hello", flush=True); time.sleep(0.3)
 for _ in range(6):
     try:
         c.send(b"x"); print("send ok", flush=True)
     except OSError as e:
         print("send error", type(e).__name__, flush=True)
-    time.sleep(0.5)
+    time.sleep(0.4)
 try:
     print("read", c.recv(10), flush=True)
 except TimeoutError:
