@@ -11,8 +11,10 @@ between them cannot reach each other (nothing forwards), so the links are the to
 keeps its carrier and its routes, so its processes get no local error; what they send
 arrives at a port that belongs to no bridge, in a namespace with no address and no
 forwarding, and is dropped without an ICMP; ARP requests go unanswered. Neither side sees
-an RST or a FIN: TCP just retransmits, as across a real WAN partition
-(``test_hosts.py`` checks it). ``tc netem`` is missing on this kind of machine and there
+an RST or a FIN: TCP just retransmits and a new connection's SYN goes unanswered, as
+across a real WAN partition (``test_hosts.py`` checks it). ``ip link set DEV down`` in a
+host would not do: the host's routes go with the link, so its connects fail at once with
+ENETUNREACH, a local error. ``tc netem`` is missing on this kind of machine and there
 is no nftables or iptables, so this is the one silent drop the kernel offers here.
 
 Every process is started through ``ip netns exec`` behind a tiny wrapper that asks the
@@ -93,11 +95,21 @@ def _delete_netns(netns: str) -> None:
 
 
 def reap_stale() -> list[str]:
-    """Delete this harness's namespaces whose run's process is gone; return their names."""
-    gone = []
+    """Delete this harness's namespaces left by a run whose process is gone; return them.
+
+    A run is stale only when its pid is gone *and* nothing runs in any of its namespaces:
+    a pid seen from another PID namespace could look gone while its run is alive.
+    """
+    runs: dict[str, list[str]] = {}
     for netns in _netns_list():
         match = _STALE.match(netns)
         if match and not Path(f"/proc/{match[1]}").exists():
+            runs.setdefault(match[1], []).append(netns)
+    gone = []
+    for names in runs.values():
+        if any(_pids_in(n) for n in names):
+            continue
+        for netns in names:
             _delete_netns(netns)
             gone.append(netns)
     return gone

@@ -45,6 +45,13 @@ except TimeoutError:
     print("read timeout", flush=True)
 except OSError as e:
     print("read error", type(e).__name__, flush=True)
+try:  # a new connection across the cut: its SYN goes unanswered (no ENETUNREACH at once)
+    socket.create_connection((sys.argv[1], {PORT}), timeout=0.5)
+    print("connect ok", flush=True)
+except TimeoutError:
+    print("connect timeout", flush=True)
+except OSError as e:
+    print("connect error", type(e).__name__, flush=True)
 """
 
 
@@ -77,6 +84,9 @@ def test_a_cut_link_drops_silently_and_a_healed_one_delivers(two_hosts: Hosts) -
     # The sender's kernel took every byte (no local error), nothing came back (no RST/FIN).
     assert seen_by_client.count("send ok") == 6, seen_by_client
     assert "read timeout" in seen_by_client, seen_by_client
+    # `ip link set DEV down` on the client's side would fail this connect at once
+    # (ENETUNREACH: its routes go with the link); across a real partition it just hangs.
+    assert "connect timeout" in seen_by_client, seen_by_client
     seen_by_server = server.log_path.read_text().split("\n")
     assert seen_by_server[-2] == "timeout", seen_by_server  # neither data, nor EOF, nor RST
     two_hosts.heal("a", "b")
