@@ -29,14 +29,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import grpc
 import redis
 import yaml
 
 from cli.launcher import DEMO_FLEET
 from cli.readiness import tier_ready
 from common.basics.redis_embed import redis_server_binary
-from common.config.topology import Topology, topology_from_mapping
+from common.config.topology import RegionConfig, Topology, topology_from_mapping
 from common.tenancy.usage_record import USAGE_STREAM
+from tests.client import V2Client, region_of
 from tests.multihost.hosts import HostProcess, Hosts
 
 GLOBAL_PORT, REGION_PORT, ZONE_PORT, GPU_PORT, GPU_METRICS_PORT = 7000, 7100, 7200, 7300, 7500
@@ -178,23 +180,37 @@ class MultiHostFleet:
                      [("global", self.topology.global_tier.endpoint.address)]))  # fmt: skip
         return plan
 
-    def start(self, timeout_s: float = 90.0) -> None:
+    def start(self, timeout_s: float = 180.0) -> None:
+        """Start everything at once, then wait bottom up until each tier serves and the
+        global tier routes to every region. All at once: on a shared 2-core machine a
+        tier process can take 20 s to import, and one layer at a time adds those up; a
+        tier whose children are not up yet re-probes them until they are."""
         deadline = time.monotonic() + timeout_s
         try:
             plan = self._plan()
             self._start_doors(plan)
             for host in sorted({self.redis_host_of(r) for r in self.regions} | {"redis"}):
                 self._start_redis(host, deadline)
-            for layer in ("worker-", "local-", "regional-", "global"):
-                started = [(n, h, a, d) for n, h, a, d in plan if n.startswith(layer)]
-                for name, host, argv, _ in started:
-                    self.processes[name] = self.hosts.spawn(name, host, argv)
-                for name, _, _, doors in started:
-                    for door, _ in doors:
-                        self._wait(name, lambda d=door: tier_ready(self.door(d)), deadline)
+            for name, host, argv, _ in plan:
+                self.processes[name] = self.hosts.spawn(name, host, argv)
+            for name, _, _, doors in plan:
+                for door, _ in doors:
+                    self._wait(name, lambda d=door: tier_ready(self.door(d)), deadline)
+            for region in self.topology.regions:
+                self._wait("global", lambda r=region: self._serves(r), deadline)
         except BaseException:
             self.stop()
             raise
+
+    def _serves(self, region: RegionConfig) -> bool:
+        """True once a request from beside ``region`` is served there through the global."""
+        geo = f"{region.location.lat},{region.location.lon}"
+        try:
+            with V2Client(self.global_target) as client:
+                reply = client.infer(metadata=[("x-meridian-client-geo", geo)], timeout=5)
+        except grpc.RpcError:
+            return False
+        return region_of(reply.route) == region.name
 
     def _start_doors(self, plan: list[tuple[str, str, list[str], list[tuple[str, str]]]]) -> None:
         by_host: dict[str, list[str]] = {}
