@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -112,7 +113,9 @@ def markdown(result: dict[str, Any]) -> str:
         "# Partitions between hosts (`make multihost`, `python -m bench.partition`)",
         "",
         f"{meta['machine']['date']}, commit {meta['revision']['commit']}, "
-        f"{meta['machine']['nproc']} cores shared with other work. Hosts are network "
+        f"{meta['machine']['nproc']} cores shared with other work (load average "
+        f"{meta['loadavg_1m_before']:.1f} before, {meta['loadavg_1m_after']:.1f} after). "
+        "Hosts are network "
         f"namespaces; {len(regions)} regions x 1 zone x 2 emulated GPUs; a client beside "
         f"{meta['region']} at {meta['rate']:g} requests/s; the global—{meta['region']} link "
         f"cut silently for {meta['cut_s']:g} s, {s['partitions']} times; "
@@ -156,6 +159,7 @@ def markdown(result: dict[str, Any]) -> str:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     shape = FleetShape(regions=args.regions, failback_window_s=args.failback_window_s)
+    load_before = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="meridian-multihost-") as tmp:
         fleet = MultiHostFleet(Path(tmp), shape)
         try:
@@ -172,7 +176,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             fleet.stop()
     settings = {k: vars(args)[k] for k in ("region", "rate", "cut_s", "failback_window_s")}
-    meta = {"machine": machine(), "revision": revision(), "regions": regions, **settings}
+    # The machine is shared: its load says how far the figures are the fleet's own.
+    busy = {"loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]}
+    meta = {"machine": machine(), "revision": revision(), "regions": regions, **settings, **busy}
     return {"meta": meta, "summary": summary(parts, redis), "partitions": parts, "redis": redis}
 
 

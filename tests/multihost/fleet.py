@@ -202,12 +202,16 @@ class MultiHostFleet:
             self.stop()
             raise
 
+    def beside(self, region: str) -> list[tuple[str, str]]:
+        """Request metadata of a client standing at ``region``'s location."""
+        where = self.topology.region(region).location
+        return [("x-meridian-client-geo", f"{where.lat},{where.lon}")]
+
     def _serves(self, region: RegionConfig) -> bool:
         """True once a request from beside ``region`` is served there through the global."""
-        geo = f"{region.location.lat},{region.location.lon}"
         try:
             with V2Client(self.global_target) as client:
-                reply = client.infer(metadata=[("x-meridian-client-geo", geo)], timeout=5)
+                reply = client.infer(metadata=self.beside(region.name), timeout=5)
         except grpc.RpcError:
             return False
         return region_of(reply.route) == region.name
