@@ -119,7 +119,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"namespaces; {len(regions)} regions x 1 zone x 2 emulated GPUs; a client beside "
         f"{meta['region']} at {meta['rate']:g} requests/s; the global—{meta['region']} link "
         f"cut silently for {meta['cut_s']:g} s, {s['partitions']} times; "
-        f"failback_window_s {meta['failback_window_s']:g}.",
+        f"failback_window_s {meta['failback_window_s']:g}; "
+        + ("a Redis per region." if meta["redis_per_region"] else "one Redis for all regions."),
         "",
         "| what | result | goal |",
         "|---|---|---|",
@@ -178,7 +179,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     settings = {k: vars(args)[k] for k in ("region", "rate", "cut_s", "failback_window_s")}
     # The machine is shared: its load says how far the figures are the fleet's own.
     busy = {"loadavg_1m_before": load_before, "loadavg_1m_after": os.getloadavg()[0]}
-    meta = {"machine": machine(), "revision": revision(), "regions": regions, **settings, **busy}
+    meta = {"machine": machine(), "revision": revision(), "regions": regions, **settings, **busy,
+            "redis_per_region": shape.redis_per_region}  # fmt: skip
     return {"meta": meta, "summary": summary(parts, redis), "partitions": parts, "redis": redis}
 
 

@@ -9,8 +9,9 @@ service address, so the topology's ``listen`` addresses are the hosts' own.
 
 Redis per region: the topology seam ``regions[].redis_url`` (owner h-redis) is not on
 main yet, so every tier uses the one Redis on the ``redis`` host (each region reaching it
-over a link of its own). ``FleetShape.redis_per_region`` is the switch for when it lands:
-it gives each region a Redis host ``<region>-redis`` and its ``redis_url``, which holds
+over a link of its own). ``FleetShape.redis_per_region`` turns on by itself once the
+topology parses the key (checked against h-redis's branch): it gives each region a Redis
+host ``<region>-redis`` and its ``redis_url``, which holds
 that region's zone summaries; the global Redis keeps the region summaries, quotas and
 usage records, so every region keeps its link to it too.
 
@@ -22,10 +23,11 @@ each Redis also listens on a Unix socket. Both are files, and files cross namesp
 from __future__ import annotations
 
 import copy
+import dataclasses
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -46,12 +48,18 @@ REDIS_PORT = 6379
 TIME_SCALE = 0.05  # emulated GPUs 20x faster than real time, as in the other e2e tests
 
 
+def per_region_redis_parsed() -> bool:
+    """Whether this checkout's topology parses ``regions[].redis_url`` (the seam)."""
+    return "redis_url" in {f.name for f in dataclasses.fields(RegionConfig)}
+
+
 @dataclass(frozen=True)
 class FleetShape:
     regions: int = 2
     zones: int = 1
     gpus: int = 2
-    redis_per_region: bool = False  # needs regions[].redis_url (h-redis); see the docstring
+    # A Redis host per region as soon as the topology knows regions[].redis_url.
+    redis_per_region: bool = field(default_factory=per_region_redis_parsed)
     failback_window_s: float = 10.0
 
 
