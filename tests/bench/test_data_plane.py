@@ -187,7 +187,7 @@ def busy() -> Iterator[subprocess.Popen[bytes]]:
     """A child that burns CPU for up to 5 s, with a child of its own."""
     code = (
         "import subprocess, sys, time\n"
-        "kid = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(5)'])\n"
+        "kid = subprocess.Popen(['sleep', '5'])\n"
         "end = time.monotonic() + 5\n"
         "while time.monotonic() < end: pass\n"
         "kid.kill(); kid.wait()\n"
