@@ -87,12 +87,20 @@ browser:
 
 # nginx and HAProxy (Debian), the peers bench/data_plane.py measures Meridian against
 # (with Envoy: `make envoy`); tests/bench skips their tests, saying why, without them.
-# Only the binaries are used: the bench runs each with its own config on loopback.
+# Only the binaries are used: the bench runs each with its own config on loopback. A
+# policy-rc.d that refuses every start keeps the packages from starting their own servers
+# (nginx on port 80 of every interface) wherever an init system would run them.
+POLICY_RC := /usr/sbin/policy-rc.d
 peers:
 	@if [ -x /usr/sbin/nginx ] && [ -x /usr/sbin/haproxy ]; then \
 		echo "nginx and haproxy are installed"; \
-	else \
+	elif [ -e $(POLICY_RC) ]; then \
 		$(APT) update && $(APT) install -y --no-install-recommends nginx haproxy; \
+	else \
+		printf '#!/bin/sh\nexit 101\n' | $(SUDO) tee $(POLICY_RC) >/dev/null && \
+		$(SUDO) chmod +x $(POLICY_RC) && \
+		{ $(APT) update && $(APT) install -y --no-install-recommends nginx haproxy; \
+		  status=$$?; $(SUDO) rm -f $(POLICY_RC); exit $$status; }; \
 	fi
 
 # promtool, from Debian's prometheus package, with which tests check /metrics, the alerting
