@@ -303,13 +303,16 @@ class ExtProcServer:
         task.add_done_callback(self._pending.discard)
 
     async def _set_health(self) -> None:
-        serving = self._server is not None and self.children.any_healthy()
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
+        # The status is read again before each write: several of these tasks can be
+        # under way at once, and one that read the health before a later change must
+        # not write its stale answer over the newer one's.
         for name in HEALTH_NAMES:
+            serving = self._server is not None and self.children.any_healthy()
+            status = (
+                health_pb2.HealthCheckResponse.SERVING
+                if serving
+                else health_pb2.HealthCheckResponse.NOT_SERVING
+            )
             await self.health.set(name, status)
 
     async def stop(self, grace: float = 0.0) -> None:

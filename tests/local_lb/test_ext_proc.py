@@ -19,6 +19,7 @@ from common.config.topology import topology_from_mapping
 from common.gen.envoy.config.core.v3 import base_pb2
 from common.gen.envoy.service.ext_proc.v3 import external_processor_pb2 as ep
 from common.gen.envoy.service.ext_proc.v3 import external_processor_pb2_grpc as ep_grpc
+from common.request.health import GpuCheck
 from common.request.v2 import generate_request
 from common.tier.server import TierServer
 from local_lb.ext_proc import HEALTH_NAMES, ExtProcServer
@@ -224,13 +225,17 @@ async def test_health_says_serving_under_the_protocol_names(picker: Picker) -> N
         for name in HEALTH_NAMES:
             answer = await stub.Check(health_pb2.HealthCheckRequest(service=name), timeout=5)
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
-        for _ in range(50):
-            # Every GPU down, as failed forwards say (again each turn: a health watch's
-            # first SERVING arriving late on a busy machine would bring one back).
+        for _ in range(100):
+            # Every GPU down, as health checks answering NOT_SERVING say: a refusal is
+            # never overruled by panic routing, which a failed forward would be while the
+            # GPU's channel is still connected. Again each turn: a health watch's first
+            # SERVING arriving late on a busy machine would bring one back.
             for gpu in picker.gpus():
-                picker.tier.balancer.readiness.request_failed(gpu, "UNAVAILABLE: test")
+                picker.tier.balancer.readiness.probed(
+                    gpu.name, GpuCheck(healthy=False, reason="NOT_SERVING: test")
+                )
+            await asyncio.sleep(0.02)
             answer = await stub.Check(health_pb2.HealthCheckRequest(service="readiness"))
             if answer.status == health_pb2.HealthCheckResponse.NOT_SERVING:
                 break
-            await asyncio.sleep(0.02)
         assert answer.status == health_pb2.HealthCheckResponse.NOT_SERVING
