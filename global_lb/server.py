@@ -32,7 +32,7 @@ from global_lb.picker import RegionPicker
 
 def region_children(topology: Topology) -> list[Child]:
     return [
-        Child(name=r.name, endpoint=r.endpoint, models=r.models, location=r.location)
+        Child(name=r.name, endpoint=r.address, models=r.models, location=r.location)
         for r in topology.regions
     ]
 

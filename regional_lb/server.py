@@ -79,7 +79,7 @@ def drained(summary: capacity_pb2.CapacitySummary) -> capacity_pb2.CapacitySumma
 
 def zone_children(region_cfg: RegionConfig) -> list[Child]:
     return [
-        Child(name=z.name, endpoint=z.endpoint, models=z.models, location=z.location)
+        Child(name=z.name, endpoint=z.address, models=z.models, location=z.location)
         for z in region_cfg.zones
     ]
 

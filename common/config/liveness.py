@@ -1,7 +1,7 @@
 """Gray-failure settings: keepalive, the per-try timeout, the panic threshold and
 what makes slow health probes count as a GPU down — their types, defaults, and how
-the topology file's ``keepalive``, ``gpu_keepalive``, ``per_try_timeout``,
-``panic_threshold`` and ``slow_probes_before_down`` keys are read.
+the topology file's ``keepalive`` (with ``max_connection_age_s``), ``gpu_keepalive``,
+``per_try_timeout``, ``panic_threshold`` and ``slow_probes_before_down`` keys are read.
 
 A hung peer (stopped, not dead: no RST ever arrives) is found by gRPC keepalive
 (an HTTP/2 PING every ``time_s``; no answer within ``timeout_s`` closes the
@@ -22,16 +22,24 @@ from common.config.node import ConfigError, ConfigNode
 
 # A gRPC client sends at most one ping a second, whatever its keepalive time.
 MIN_KEEPALIVE_TIME_S = 1.0
+# A server closes (GOAWAY, calls in flight finish) a connection this old, so its
+# clients re-resolve a replicated tier's name and find replicas that came since.
+DEFAULT_MAX_CONNECTION_AGE_S = 300.0
+# Below a second, connections would churn faster than a client re-resolves.
+MIN_CONNECTION_AGE_S = 1.0
 
 
 @dataclass(frozen=True)
 class Keepalive:
     """gRPC keepalive on a connection: a PING every ``time_s`` (also while no call is
-    open, when ``without_calls``); no answer within ``timeout_s`` closes it."""
+    open, when ``without_calls``); no answer within ``timeout_s`` closes it. A server
+    closes a caller's connection at ``max_connection_age_s`` (gRPC adds ±10 % jitter),
+    gracefully: calls in flight finish (only the ``keepalive`` key sets it)."""
 
     time_s: float = 1.0
     timeout_s: float = 1.0
     without_calls: bool = True
+    max_connection_age_s: float = DEFAULT_MAX_CONNECTION_AGE_S
 
     @property
     def detects_hang_s(self) -> float:
@@ -96,7 +104,14 @@ def _keepalive(root: ConfigNode, key: str, default: Keepalive) -> Keepalive:
     time_s = node.get("time_s", default.time_s, kind=float)
     timeout_s = node.get("timeout_s", default.timeout_s, kind=float)
     without_calls = node.get("without_calls", default.without_calls, kind=bool)
+    age = default.max_connection_age_s
+    if key == "keepalive":  # GPU servers are not Meridian's: their server settings are theirs
+        age = node.get("max_connection_age_s", age, kind=float)
     node.done()
+    if age < MIN_CONNECTION_AGE_S:
+        raise ConfigError(
+            f"{node.key_path('max_connection_age_s')}: must be >= {MIN_CONNECTION_AGE_S}, got {age}"
+        )
     if time_s < MIN_KEEPALIVE_TIME_S:
         raise ConfigError(
             f"{node.key_path('time_s')}: must be >= {MIN_KEEPALIVE_TIME_S} "
@@ -104,7 +119,7 @@ def _keepalive(root: ConfigNode, key: str, default: Keepalive) -> Keepalive:
         )
     if timeout_s <= 0:
         raise ConfigError(f"{node.key_path('timeout_s')}: must be > 0, got {timeout_s}")
-    return Keepalive(time_s, timeout_s, without_calls)
+    return Keepalive(time_s, timeout_s, without_calls, age)
 
 
 def _per_try(root: ConfigNode) -> PerTryTimeout:

@@ -25,6 +25,7 @@ from common.config.access import (
     parse_limits,
     parse_tls,
 )
+from common.config.addresses import DEFAULT_DNS, parse_address, parse_dns
 from common.config.ext_proc import ExtProcConfig, parse_ext_proc
 from common.config.gpu import GpuConfig, parse_gpu
 from common.config.identity import check_fleet_names
@@ -45,7 +46,11 @@ class ZoneConfig:
 
     name: str
     location: GeoPoint
+    # What the local tier binds (``listen``).
     endpoint: Endpoint
+    # What the regional tier dials (``address``, default: ``listen``): a name may stand
+    # for several replicas (common.request.replicas).
+    address: Endpoint
     gpus: tuple[GpuConfig, ...]
     ops: Endpoint | None = None
     # The endpoint-picker mode for Envoy (common.config.ext_proc); None: off.
@@ -62,7 +67,10 @@ class RegionConfig:
 
     name: str
     location: GeoPoint
+    # What the regional tier binds (``listen``).
     endpoint: Endpoint
+    # What the global tier dials (``address``, default: ``listen``), as for a zone.
+    address: Endpoint
     zones: tuple[ZoneConfig, ...]
     ops: Endpoint | None = None
     # The region's own Redis (its zone streams); None: the topology's redis_url
@@ -91,8 +99,12 @@ class OpenAIEdgeConfig:
 class GlobalConfig:
     """The global tier: the client-facing endpoint."""
 
+    # What the global tier binds (``listen``).
     endpoint: Endpoint
     location: GeoPoint
+    # What clients dial (``address``, default: ``listen``): several replicas behind a
+    # name share tenant quotas through Redis.
+    address: Endpoint
     # Ops HTTP (/healthz, /readyz, /api/state, /metrics); None: not served.
     ops: Endpoint | None = None
     # OpenAI-compatible HTTP (``openai_listen``, ``openai_timeout_s``); None: not served.
@@ -129,6 +141,9 @@ class Topology:
     usage_replicas_ack: int = 0
     # Keepalive, per-try timeout, panic threshold, slow probes (common.config.liveness).
     liveness: Liveness = field(default_factory=Liveness)
+    # The DNS resolver tiers resolve their children's addresses with
+    # (``dns: dns://HOST:PORT/``); "dns:///": the system's (common.request.replicas).
+    dns: str = DEFAULT_DNS
 
     @property
     def models(self) -> frozenset[str]:
@@ -245,6 +260,7 @@ def topology_from_mapping(raw: Any) -> Topology:
         tls=tls,
         limits=limits,
         liveness=parse_liveness(root),
+        dns=parse_dns(root),
         summary_cadence_s=settings.summary_cadence_s,
         summary_stream_maxlen=settings.summary_stream_maxlen,
         health_interval_s=settings.health_interval_s,
@@ -275,8 +291,10 @@ def _check_tls_names(topology: Topology) -> None:
 
 
 def _global(glob: ConfigNode) -> GlobalConfig:
+    listen = parse_endpoint(glob.get("listen"), glob.key_path("listen"))
     global_tier = GlobalConfig(
-        endpoint=parse_endpoint(glob.get("listen"), glob.key_path("listen")),
+        endpoint=listen,
+        address=parse_address(glob, listen),
         location=_location(glob, "location"),
         ops=_ops(glob),
         openai=_openai(glob),
@@ -301,10 +319,12 @@ def _region(rnode: ConfigNode) -> RegionConfig:
     rloc = _location(rnode, "location")
     zones = [_zone(znode, rloc) for znode in rnode.items("zones")]
     require_unique([z.name for z in zones], rnode.key_path("zones"))
+    listen = parse_endpoint(rnode.get("listen"), rnode.key_path("listen"))
     region = RegionConfig(
         name=rnode.get("name", kind=str),
         location=rloc,
-        endpoint=parse_endpoint(rnode.get("listen"), rnode.key_path("listen")),
+        endpoint=listen,
+        address=parse_address(rnode, listen),
         zones=tuple(zones),
         ops=_ops(rnode),
         redis_url=_redis_url(rnode, None),
@@ -317,10 +337,12 @@ def _zone(znode: ConfigNode, region_location: GeoPoint) -> ZoneConfig:
     """A zone; its location defaults to its region's."""
     gpus = tuple(parse_gpu(g) for g in znode.items("gpus"))
     require_unique([g.name for g in gpus], znode.key_path("gpus"))
+    listen = parse_endpoint(znode.get("listen"), znode.key_path("listen"))
     zone = ZoneConfig(
         name=znode.get("name", kind=str),
         location=_location(znode, "location", region_location),
-        endpoint=parse_endpoint(znode.get("listen"), znode.key_path("listen")),
+        endpoint=listen,
+        address=parse_address(znode, listen),
         gpus=gpus,
         ops=_ops(znode),
         ext_proc=parse_ext_proc(znode),

@@ -2,9 +2,10 @@
 
 Every tier routes over a ``ChildSet``. It owns one gRPC channel per child, with
 keepalive (a hung child's calls fail UNAVAILABLE and its Watch breaks within
-``time_s + timeout_s``), follows each child's grpc.health.v1 Watch (or ServerReady
-without one; re-probed while a child is down; ``common.request.health``), and
-takes capacity summaries from the Redis reader. Pickers read ``Child`` state;
+``time_s + timeout_s``; a tier child's channel reaches every replica behind its
+name: ``common.request.replicas``), follows each child's grpc.health.v1 Watch (or
+ServerReady without one; re-probed while a child is down; ``common.request.health``),
+and takes capacity summaries from the Redis reader. Pickers read ``Child`` state;
 only this module and the proxy core write it.
 """
 
@@ -28,6 +29,7 @@ from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.health import HealthChecker
+from common.request.replicas import replica_channel_options, replica_target
 from common.request.server import channel_options, dial
 
 log = logging.getLogger(__name__)
@@ -42,6 +44,7 @@ class Child:
     """One child endpoint (a region, a zone or a GPU) and what this tier knows of it."""
 
     name: str
+    # Where this tier dials it (a tier's ``address``: maybe a name for several replicas).
     endpoint: Endpoint
     models: frozenset[str]
     location: GeoPoint | None = None
@@ -122,12 +125,18 @@ class ChildSet:
         clock: Clock = time.monotonic,
         credentials: grpc.ChannelCredentials | None = None,
         keepalive: Keepalive | None = None,
+        dns: str | None = None,
     ) -> None:
         self.children = tuple(children)
         # TLS towards the children (common.config.tls.tier_channel_credentials); None: plaintext.
         self.credentials = credentials
         # Keepalive towards the children (default: as between tiers).
-        self._options = channel_options(keepalive or Keepalive())
+        self._options: list[tuple[str, str | int]] = [*channel_options(keepalive or Keepalive())]
+        # Tier children: resolved by this resolver (``dns:///``...), calls spread over
+        # every replica; None (GPUs): one endpoint each, dialled as it is.
+        self.dns = dns
+        if dns is not None:
+            self._options.extend(replica_channel_options())
         self.kind = kind
         # False when another component (the local tier's BackendMonitor) checks health.
         self.probe = probe
@@ -145,6 +154,8 @@ class ChildSet:
         # Per child (by identity: a retiring child and its successor may share a name).
         self._checkers: dict[Child, HealthChecker] = {}
         self._retiring: set[asyncio.Task[None]] = set()
+        # Probes sent at once after a failed forward to a child dialled by name.
+        self._reprobes: set[asyncio.Task[None]] = set()
         self._leaving: set[str] = set()
         # While ``changes()`` holds the notifications: whether something changed.
         self._held: bool | None = None
@@ -184,7 +195,10 @@ class ChildSet:
     def _open(self, child: Child) -> None:
         if child.stub is not None and child.channel is None:
             return  # it came with a stub of another protocol (an OpenAI GPU): no channel
-        channel = dial(child.endpoint.address, child.credentials or self.credentials, self._options)
+        target = child.endpoint.address
+        if self.dns is not None:
+            target = replica_target(child.endpoint, self.dns)
+        channel = dial(target, child.credentials or self.credentials, self._options)
         self._channels.append(channel)
         child.channel, child.stub = channel, pb_grpc.GRPCInferenceServiceStub(channel)
         self._checkers[child] = HealthChecker(channel, name=child.name)
@@ -204,7 +218,8 @@ class ChildSet:
                 self._start_watch(child)
 
     async def stop(self) -> None:
-        await cancel_and_wait([*self._tasks, *self._watches.values(), *self._retiring])
+        tasks = [*self._tasks, *self._watches.values(), *self._retiring, *self._reprobes]
+        await cancel_and_wait(tasks)
         for channel in self._channels:
             await channel.close()
 
@@ -287,13 +302,19 @@ class ChildSet:
         """True while child ``name`` is retired but still finishing in-flight calls."""
         return name in self._leaving
 
-    def mark_failed(self, child: Child, error: str) -> None:
-        """A forward to ``child`` failed: stop routing to it until a probe succeeds."""
+    def mark_failed(self, child: Child, error: str, *, probed: bool = False) -> None:
+        """A forward to ``child`` failed (or, ``probed``, a probe or watch said so): stop
+        routing to it until a probe succeeds. A child dialled by name is probed at once
+        after a failed forward: the call may have met one dead replica of several."""
         if child.healthy:
             down = {"event": "child_down", "child": child.name, "error": error}
             log.warning("%s %s marked down: %s", self.kind, child.name, error, extra=down)
             child.healthy = False
             self._changed()
+            if not probed and self.dns is not None and self.probe:
+                task = asyncio.get_running_loop().create_task(self._probe(child))
+                self._reprobes.add(task)
+                task.add_done_callback(self._reprobes.discard)
         child.last_error = error
 
     def mark_healthy(self, child: Child) -> None:
@@ -373,7 +394,7 @@ class ChildSet:
         if healthy:
             self.mark_healthy(child)
         else:
-            self.mark_failed(child, reason)
+            self.mark_failed(child, reason, probed=True)
 
     async def _probe_loop(self) -> None:
         """Re-probe the children marked down (a health watch reports only changes, and a

@@ -5,7 +5,11 @@ Every tier watches the health of what it routes to, in one of two ways, both her
 - ``watch(report, poll_s)``: follow grpc.health.v1 ``Watch`` (a push: a child that
   stops serving, or whose process dies and breaks the stream, is reported at once);
   a broken stream is re-opened with the shared back-off (0.1 s doubling to 1 s).
-  The regional and global tiers watch their children so.
+  The regional and global tiers watch their children so. Over a channel to a name
+  with several replicas (``common.request.replicas``) the stream is on one of
+  them, so a break or a NOT_SERVING is confirmed first: ``Check`` over the channel
+  (round_robin sends it to a replica in rotation, up to ``CONFIRM_CHECKS`` times);
+  one that says SERVING overrules it and the watch is re-opened on another replica.
 - ``check_gpu(models, timeout_s)``: one poll, grpc.health.v1 ``Check`` of the V2
   service (the server-wide ``""`` when the server does not know that name), then
   V2 ``ModelReady`` for every model, all within one timeout. The local tier's
@@ -52,6 +56,11 @@ Report = Callable[[bool, str], None]
 # A broken health watch is re-opened after 0.1 s, doubling to 1 s.
 WATCH_RETRY_MIN_S = 0.1
 WATCH_RETRY_MAX_S = 1.0
+# A break or NOT_SERVING is confirmed by this many Checks, each within CONFIRM_TIMEOUT_S
+# (a replica reached over a live connection answers in milliseconds; a dead name's
+# Check fails at once, a hung one's times out).
+CONFIRM_CHECKS = 2
+CONFIRM_TIMEOUT_S = 0.25
 # An endpoint found without grpc.health.v1 is asked for it again this often.
 HEALTH_RECHECK_S = 60.0
 # Where an endpoint's health comes from (the ``source`` of a ``health_source`` event).
@@ -150,19 +159,38 @@ class HealthChecker:
         request = health_pb2.HealthCheckRequest(service=self.service)
         backoff = Backoff(WATCH_RETRY_MIN_S, WATCH_RETRY_MAX_S)
         while True:
+            call = self.health.Watch(request)
             try:
-                async for reply in self.health.Watch(request):
-                    backoff.reset()
+                async for reply in call:
                     self._learn(False)
                     if reply.status == _SERVING:
+                        backoff.reset()  # not on NOT_SERVING: an overruled one re-opens
                         report(True, "health: serving")
+                    elif await self._another_serves():
+                        break  # this replica does not: watch another one
                     else:
                         report(False, "health: not serving")
             except grpc.aio.AioRpcError as exc:
                 if exc.code() == grpc.StatusCode.UNIMPLEMENTED:
                     return
-                report(False, f"health: {exc.code().name}: {exc.details()}")
+                if not await self._another_serves():
+                    report(False, f"health: {exc.code().name}: {exc.details()}")
+            finally:
+                call.cancel()
             await asyncio.sleep(backoff.next_s())
+
+    async def _another_serves(self) -> bool:
+        """Whether a ``Check`` over the channel finds the service SERVING: another
+        replica behind the name serves, though the one watched broke or stopped."""
+        request = health_pb2.HealthCheckRequest(service=self.service)
+        for _ in range(CONFIRM_CHECKS):
+            try:
+                reply = await self.health.Check(request, timeout=CONFIRM_TIMEOUT_S)
+            except grpc.aio.AioRpcError:
+                return False  # no replica in rotation answers: the name is down
+            if reply.status == _SERVING:
+                return True
+        return False
 
     async def server_ready(self, timeout_s: float) -> tuple[bool, str]:
         """V2 ``ServerReady``: ``(True, "")`` when it says ready."""

@@ -60,4 +60,7 @@ def keepalive_server_args(keepalive: Keepalive) -> list[tuple[str, int]]:
         ("grpc.http2.max_pings_without_data", 0),
         ("grpc.http2.min_ping_interval_without_data_ms", ACCEPT_PINGS_EVERY_MS),
         ("grpc.http2.max_ping_strikes", PING_STRIKES),
+        # GOAWAY after this age: the caller reconnects and re-resolves the name it
+        # dialled (replicas that came or went); calls in flight finish (no grace limit).
+        ("grpc.max_connection_age_ms", _ms(keepalive.max_connection_age_s)),
     ]

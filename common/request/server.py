@@ -36,6 +36,7 @@ from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.keepalive import keepalive_channel_args, keepalive_server_args
+from common.request.replicas import REPLICA_HEALTH
 
 V2_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
 # Responses (generated text) a tier accepts from its children.
@@ -81,9 +82,12 @@ def channel_options(keepalive: Keepalive) -> list[tuple[str, int]]:
 
 
 def dial(
-    address: str, credentials: grpc.ChannelCredentials | None, options: list[tuple[str, int]]
+    address: str,
+    credentials: grpc.ChannelCredentials | None,
+    options: Sequence[tuple[str, str | int]],
 ) -> grpc.aio.Channel:
-    """A channel to ``address``: TLS with ``credentials``, plaintext without."""
+    """A channel to ``address`` (a target: ``host:port``, ``dns:///host:port``): TLS
+    with ``credentials``, plaintext without."""
     if credentials is None:
         return grpc.aio.insecure_channel(address, options=options)
     return grpc.aio.secure_channel(address, credentials, options=options)
@@ -145,20 +149,31 @@ class V2Server:
             self.port = self._server.add_secure_port(self.endpoint.address, self.credentials)
         if self.port == 0:
             raise OSError(f"cannot listen on {self.endpoint.address}: address in use or invalid")
+        # Calls may come as soon as it listens (the tier above says whether to send).
+        await self.health.set(REPLICA_HEALTH, _status(True))
         await self._server.start()
 
     async def set_serving(self, serving: bool) -> None:
-        status = (
-            health_pb2.HealthCheckResponse.SERVING
-            if serving
-            else health_pb2.HealthCheckResponse.NOT_SERVING
-        )
-        await self.health.set("", status)
-        await self.health.set(V2_SERVICE, status)
+        """Whether this server takes requests (``""`` and the V2 service: what the tier
+        above watches); it takes calls as a replica meanwhile (``REPLICA_HEALTH``)."""
+        await self.health.set("", _status(serving))
+        await self.health.set(V2_SERVICE, _status(serving))
+
+    async def stop_serving(self) -> None:
+        """NOT_SERVING for good: as a replica first (each parent's channel stops
+        sending here: ``common.request.replicas``), then as a whole."""
+        await self.health.set(REPLICA_HEALTH, _status(False))
+        await self.set_serving(False)
 
     async def stop(self, grace: float) -> None:
-        await self.set_serving(False)
+        await self.stop_serving()
         await self._server.stop(grace)
 
     async def wait_for_termination(self) -> None:
         await self._server.wait_for_termination()
+
+
+def _status(serving: bool) -> health_pb2.HealthCheckResponse.ServingStatus.ValueType:
+    if serving:
+        return health_pb2.HealthCheckResponse.SERVING
+    return health_pb2.HealthCheckResponse.NOT_SERVING

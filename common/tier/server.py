@@ -248,7 +248,7 @@ class TierServer:
         if self._started and grace > 0:
             # Say NOT_SERVING first and give the tier above (watching our health) a
             # moment to stop sending, so few new calls race with the shutdown.
-            await self.server.set_serving(False)
+            await self.server.stop_serving()
             await asyncio.sleep(min(DRAIN_NOTICE_S, grace))
         await self.server.stop(grace)
         self.shed_log.flush()

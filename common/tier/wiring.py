@@ -34,6 +34,8 @@ def tier_children(
         credentials=tier_channel_credentials(tls) if probe else None,
         keepalive=liveness.keepalive if probe else liveness.gpu_keepalive,
         probe=probe,
+        # Tier children are dialled by name, over all their replicas; GPUs one by one.
+        dns=topology.dns if probe else None,
     )
 
 

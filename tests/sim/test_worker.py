@@ -377,6 +377,7 @@ def zone_config() -> ZoneConfig:
         name="eu-a",
         location=GeoPoint(50.1, 8.7),
         endpoint=Endpoint("127.0.0.1", 0),
+        address=Endpoint("127.0.0.1", 0),
         gpus=(gpu_config("gpu-a", "A100"), gpu_config("gpu-h", "H100")),
     )
 
