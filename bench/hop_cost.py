@@ -80,6 +80,8 @@ class Target:
     credentials: grpc.ChannelCredentials | None
     processes: list[str]
     metadata: tuple[tuple[str, str], ...] = ()
+    # Channel arguments (round robin over the replicas behind a name: bench.replicas).
+    options: tuple[tuple[str, str | int], ...] = ()
 
 
 class Bench:
@@ -195,10 +197,11 @@ async def closed_loop(
 ) -> tuple[int, float, list[float], int]:
     """(requests done, wall seconds, latencies, errors) of ``concurrency`` callers."""
     body = generate_request(MODEL, "hello", 1).SerializeToString()
+    options = list(target.options)
     channels = [
-        grpc.aio.insecure_channel(a)
+        grpc.aio.insecure_channel(a, options)
         if target.credentials is None
-        else grpc.aio.secure_channel(a, target.credentials)
+        else grpc.aio.secure_channel(a, target.credentials, options)
         for a in target.address
     ]
     calls = [c.unary_unary(INFER) for c in channels]

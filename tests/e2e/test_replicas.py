@@ -26,7 +26,6 @@ import redis
 from common.basics.errors import RETRY_AFTER_MS, TENANT_QUOTA
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.topology import Topology, topology_from_mapping
-from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.observability.metrics import counter_values
 from common.request.replicas import replica_channel_options
@@ -38,9 +37,9 @@ from common.tier.server import TierServer
 from global_lb.server import build_global_tier
 from local_lb.server import build_local_tier
 from regional_lb.server import build_regional_tier
+from sim.dns_server import LoopbackDns, loopback_dns
 from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
-from tests.dns_server import LoopbackDns, loopback_dns
 
 MODEL, REGION, ZONE = "m", "r", "r-1a"
 REGIONAL, EDGE = "regional.replicas.test", "edge.replicas.test"

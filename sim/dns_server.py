@@ -1,5 +1,5 @@
-"""A real DNS server on loopback for tests: answers A queries for the names it is given,
-from a table the test may change while it runs (replicas coming and going).
+"""A real DNS server on loopback for tests and benches: answers A queries for the names
+it is given, from a table the caller may change while it runs (replicas come and go).
 
 Built on ``dnslib``'s ``DNSServer`` (UDP, a thread of its own). gRPC's resolver asks it
 when a topology says ``dns: dns://127.0.0.1:PORT/`` (``authority``). A name it does
