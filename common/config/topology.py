@@ -46,10 +46,9 @@ class ZoneConfig:
 
     name: str
     location: GeoPoint
-    # What the local tier binds (``listen``).
+    # What the local tier binds (``listen``) and what the regional tier dials (``address``,
+    # default: ``listen``; a name may stand for several replicas: common.config.addresses).
     endpoint: Endpoint
-    # What the regional tier dials (``address``, default: ``listen``): a name may stand
-    # for several replicas (common.request.replicas).
     address: Endpoint
     gpus: tuple[GpuConfig, ...]
     ops: Endpoint | None = None
@@ -67,9 +66,8 @@ class RegionConfig:
 
     name: str
     location: GeoPoint
-    # What the regional tier binds (``listen``).
+    # What the regional tier binds (``listen``) and the global tier dials (``address``).
     endpoint: Endpoint
-    # What the global tier dials (``address``, default: ``listen``), as for a zone.
     address: Endpoint
     zones: tuple[ZoneConfig, ...]
     ops: Endpoint | None = None
@@ -99,11 +97,9 @@ class OpenAIEdgeConfig:
 class GlobalConfig:
     """The global tier: the client-facing endpoint."""
 
-    # What the global tier binds (``listen``).
+    # What the global tier binds (``listen``) and its clients dial (``address``).
     endpoint: Endpoint
     location: GeoPoint
-    # What clients dial (``address``, default: ``listen``): several replicas behind a
-    # name share tenant quotas through Redis.
     address: Endpoint
     # Ops HTTP (/healthz, /readyz, /api/state, /metrics); None: not served.
     ops: Endpoint | None = None
