@@ -40,7 +40,7 @@ from cli.region_redis import embed_region_redises
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.identity import Identity, local, regional
 from common.config.pki import FleetCA
-from common.config.tls import GpuCredentials, TierTls, fleet_identities, tier_tls
+from common.config.tls import GpuCredentials, TierTls, fleet_hosts, fleet_identities, tier_tls
 from common.config.topology import Topology, topology_from_mapping
 from common.tenancy.auth import new_key
 from sim.openai_server import gpu_probe
@@ -241,7 +241,7 @@ class Fleet:
         self.raw = resolve_ports(raw)
         self.topology: Topology = topology_from_mapping(self.raw)
         if ca is not None:
-            ca.issue(fleet_identities(self.topology))
+            ca.issue(fleet_identities(self.topology), hosts=fleet_hosts(self.topology))
         self._credentials: dict[Identity, grpc.ChannelCredentials] = {}
         self.config_path = self.run_dir / "topology.yaml"
         self.config_path.write_text(yaml.safe_dump(self.raw, sort_keys=False))

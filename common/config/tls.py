@@ -38,6 +38,7 @@ from common.config.access import TlsConfig
 from common.config.gpu import GpuConfig
 from common.config.identity import GLOBAL, Identity, gpu_servers, local, regional
 from common.config.node import ConfigError
+from common.config.pki import LOOPBACK_HOSTS
 from common.config.topology import Topology, ZoneConfig
 
 
@@ -52,6 +53,17 @@ def fleet_identities(topology: Topology) -> list[Identity]:
             if any(g.tls is not None and g.tls.ca is None for g in zone.gpus):
                 out.append(gpu_servers(region.name, zone.name))
     return out
+
+
+def fleet_hosts(topology: Topology) -> tuple[str, ...]:
+    """The hosts a fleet's demo PKI names in every certificate: loopback, and each host a
+    tier is dialled at (``address``: a parent verifies the name it dialled)."""
+    dialled = [topology.global_tier.address.host]
+    for region in topology.regions:
+        dialled += [region.address.host, *(z.address.host for z in region.zones)]
+    wildcard = ("0.0.0.0", "::")  # a bind address, never dialled by name
+    extra = [h for h in dict.fromkeys(dialled) if h not in LOOPBACK_HOSTS and h not in wildcard]
+    return (*LOOPBACK_HOSTS, *extra)
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,8 @@ import pytest
 
 from common.config.liveness import DEFAULT_MAX_CONNECTION_AGE_S
 from common.config.node import ConfigError, Endpoint
+from common.config.pki import LOOPBACK_HOSTS
+from common.config.tls import fleet_hosts
 from common.config.topology import Topology, topology_from_mapping
 from common.request.keepalive import keepalive_server_args
 from common.request.replicas import replica_channel_options, replica_target
@@ -105,3 +107,18 @@ def test_a_name_is_dialled_round_robin_through_the_dns_resolver() -> None:
     assert replica_target(Endpoint("::1", 80), "dns://127.0.0.1:53/") == "dns://127.0.0.1:53/[::1]:80"
     options = dict(replica_channel_options())
     assert '"round_robin"' in str(options["grpc.service_config"])
+
+
+def test_the_demo_pki_names_every_host_a_tier_is_dialled_at() -> None:
+    topo = load(
+        {
+            "regions.0.address": "regional.example.test:8001",
+            "regions.0.zones.0.address": "10.0.0.9:8101",
+        }
+    )
+    hosts = fleet_hosts(topo)
+    assert hosts[:3] == LOOPBACK_HOSTS  # and each once
+    assert {"regional.example.test", "10.0.0.9"} <= set(hosts)
+    # A region without an address is dialled where it binds: 0.0.0.0 is no host to name.
+    assert fleet_hosts(load()) == LOOPBACK_HOSTS
+    assert len(hosts) == len(set(hosts))
