@@ -7,13 +7,14 @@ bottleneck), plus a second global and a second regional process from the same
 topology, listening on 127.0.0.3 where the first ones listen on 127.0.0.2. The
 global tiers dial the region at a name, and the callers dial the global tier at a
 name, both answered by a DNS server this bench runs (``sim.dns_server``), so each
-phase only changes the answer: ``1x1`` (the first replica of each tier) or ``2x2``
-(both of each). Connections age out after 1 s (``keepalive.max_connection_age_s``),
-so every channel has re-resolved within the settling time. A closed loop of
+phase only changes the answers: ``GxR`` is G global and R regional replicas
+(``1x1``, ``2x1``, ``1x2``, ``2x2``). Connections age out after 1 s
+(``keepalive.max_connection_age_s``), so every channel has re-resolved within the
+settling time. A closed loop of
 ``--concurrency`` callers on one round-robin channel sends 1-token generate requests
 (``bench.hop_cost.closed_loop``), ``--seconds`` per phase, ``--rounds`` times with the
 phases interleaved; figures are medians over rounds, with each replica's CPU share
-(proof that both took work) and the ratio 2x2 / 1x1.
+(proof that both took work) and each phase's requests/s over 1x1's.
 
     .venv/bin/python -m bench.replicas        # writes results/replicas.{json,md}
 """
@@ -44,7 +45,13 @@ from sim.dns_server import LoopbackDns, loopback_dns
 
 FIRST, SECOND = "127.0.0.2", "127.0.0.3"
 REGIONAL, EDGE = "regional.bench.test", "edge.bench.test"
-PHASES = {"1x1": [FIRST], "2x2": [FIRST, SECOND]}
+# Phase: (global replicas, regional replicas) in the DNS answers.
+PHASES = {
+    "1x1": ([FIRST], [FIRST]),
+    "2x1": ([FIRST, SECOND], [FIRST]),
+    "1x2": ([FIRST], [FIRST, SECOND]),
+    "2x2": ([FIRST, SECOND], [FIRST, SECOND]),
+}
 SETTLE_S = 3.0  # > 2 x max_connection_age_s: every channel has re-resolved
 
 
@@ -139,9 +146,9 @@ async def measure(bench: Replicas, args: argparse.Namespace) -> dict[str, Any]:
 async def run(bench: Replicas, dns: LoopbackDns, args: argparse.Namespace) -> dict[str, Any]:
     rounds: dict[str, list[dict[str, Any]]] = {p: [] for p in PHASES}
     for i in range(args.rounds):
-        for phase, hosts in PHASES.items():
-            dns.set(REGIONAL, hosts)
-            dns.set(EDGE, hosts)
+        for phase, (edges, regionals) in PHASES.items():
+            dns.set(EDGE, edges)
+            dns.set(REGIONAL, regionals)
             await asyncio.sleep(SETTLE_S)
             r = await measure(bench, args)
             rounds[phase].append(r)
@@ -157,7 +164,7 @@ async def run(bench: Replicas, dns: LoopbackDns, args: argparse.Namespace) -> di
         "params": vars(args),
         "rounds": rounds,
         "median": median,
-        "ratio_rps_2x2_over_1x1": median["2x2"]["rps"] / median["1x1"]["rps"],
+        "ratio_rps_over_1x1": {p: m["rps"] / median["1x1"]["rps"] for p, m in median.items()},
     }
 
 
@@ -202,7 +209,9 @@ def markdown(result: dict[str, Any]) -> str:
         )
     lines += [
         "",
-        f"Ratio of requests/s, 2x2 / 1x1: **{result['ratio_rps_2x2_over_1x1']:.2f}**.",
+        "Requests/s over 1x1: "
+        + ", ".join(f"{p} **{r:.2f}**" for p, r in result["ratio_rps_over_1x1"].items())
+        + ".",
         "",
         "Every process of the fleet (GPU workers, local, regional and global tiers, Redis)",
         "and the callers share the machine's CPUs, so the ratio is bounded by CPU, not by",
