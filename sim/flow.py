@@ -208,7 +208,6 @@ class RequestFlow:
                     raise
                 error = err
                 continue
-            lease.child.answered += 1  # as Forwarder.settle counts an OK attempt
             balancer.release(lease, Outcome(OK, self.loop.time() - started, trailers=trailers))
             return lease.child.name
         assert error is not None
@@ -228,10 +227,7 @@ class RequestFlow:
         limit = self._per_try.limit_s(lease.expected_s, lease.work)
         try:
             return await within_per_try(
-                below(lease.child.name, pick, served),
-                _never_committed,
-                limit,
-                lambda: lease.child.answered,
+                below(lease.child.name, pick, served), _never_committed, limit
             )
         except PerTryExpired as exc:
             # Cancelled below (the GPU dropped the job): a failover, whatever the codes.

@@ -74,9 +74,6 @@ class Child:
     channel: grpc.aio.Channel | None = field(default=None, repr=False)
     # How to dial this child when it differs from its set's (a GPU that serves TLS).
     credentials: grpc.ChannelCredentials | None = field(default=None, repr=False)
-    # Attempts on it that ended OK: while this moves the child is progressing, and a
-    # per-try timeout is re-armed rather than cut (common.request.per_try).
-    answered: int = 0
     # False once its ModelStreamInfer proved not Triton's (common.request.stream_request).
     streams: bool = True
 

@@ -286,10 +286,7 @@ class Forwarder:
             limit = None
         try:
             result, trailers = await within_per_try(
-                attempt.send(lease.child, metadata, timeout),
-                lambda: attempt.committed,
-                limit,
-                lambda: lease.child.answered,
+                attempt.send(lease.child, metadata, timeout), lambda: attempt.committed, limit
             )
         except PerTryExpired as exc:
             attempts.failures.append(self._expired(lease, exc))
@@ -371,8 +368,6 @@ class Forwarder:
         timed_out: bool = False,
     ) -> None:
         tokens = lease.max_tokens if code == grpc.StatusCode.OK else 0
-        if code == grpc.StatusCode.OK:
-            lease.child.answered += 1
         elapsed = self.clock() - lease.started_at
         self.tracing.end_attempt(lease, code, detail, elapsed)
         outcome = Outcome(code, elapsed, tokens, trailers, detail, timed_out=timed_out)

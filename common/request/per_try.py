@@ -7,15 +7,6 @@ back to the caller yet) the attempt is cancelled, which cancels its gRPC call, a
 child. Once committed the attempt runs to its own end, however long a legitimate
 generation takes. No task is created: the attempt runs in the caller's task under
 an ``asyncio.timeout`` scope that is armed only when the limit passes uncommitted.
-
-``progress`` (optional) counts what the child has answered: when the limit passes
-and the count moved since the attempt started (or since the limit was last
-re-armed), the child is working through its batch and the attempt is only waiting
-its turn in it, so the limit is re-armed rather than the attempt cut. Cutting it
-would throw its GPU work away and start it again elsewhere at the back, at a load
-where no capacity is spare (the fleet simulator's finding at 90 %: most cut attempts
-were on busy GPUs, not hung ones). A hung child answers nothing, so its attempts
-are still cut at the first limit; the caller's deadline bounds the rest.
 """
 
 from __future__ import annotations
@@ -38,31 +29,18 @@ class PerTryExpired(Exception):
 
 
 async def within_per_try(
-    send: Awaitable[R],
-    committed: Callable[[], bool],
-    limit_s: float | None,
-    progress: Callable[[], int] | None = None,
+    send: Awaitable[R], committed: Callable[[], bool], limit_s: float | None
 ) -> R:
     """``await send``, cancelled with ``PerTryExpired`` if ``limit_s`` (None: no limit)
-    passes before ``committed()`` turns True with ``progress()`` (if given) unchanged
-    over that time (see the module docstring)."""
+    passes before ``committed()`` turns True (see the module docstring)."""
     if limit_s is None:
         return await send
     loop = asyncio.get_running_loop()
     scope = asyncio.timeout(None)
-    seen = progress() if progress is not None else 0
 
     def expire() -> None:
-        nonlocal seen, handle
-        if committed():
-            return
-        if progress is not None:
-            now = progress()
-            if now != seen:
-                seen = now
-                handle = loop.call_later(limit_s, expire)
-                return
-        scope.reschedule(loop.time())
+        if not committed():
+            scope.reschedule(loop.time())
 
     handle = loop.call_later(limit_s, expire)
     try:
