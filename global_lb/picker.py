@@ -115,6 +115,7 @@ class RegionPicker:
         origin = request.origin or self.home
         estimates = self._estimates_from(origin)
         window_s = self.failback.window_s
+        work = request.work
         for region in children:
             if allowed and region.name not in allowed:
                 continue
@@ -126,7 +127,7 @@ class RegionPicker:
             if entry is None:
                 wait_ms, avail = UNKNOWN_WAIT_MS, ramp
             else:
-                wait_ms = 1000.0 * expected_wait_s(entry, sent_since_report(region))
+                wait_ms = 1000.0 * expected_wait_s(entry, sent_since_report(region), work)
                 avail = availability(
                     entry.healthy_gpus + entry.unknown_children,
                     entry.total_gpus + entry.unknown_children,

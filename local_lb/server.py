@@ -92,7 +92,7 @@ def zone_summary(
     fleet) over every GPU, so the sums are kept in plain numbers per model and written
     to the message once, and a zone whose GPUs all serve the same models (the usual
     one) is summed in one pass without per-model bookkeeping. ``estimated_wait_s`` is
-    the queue's expected wait plus the work in flight over the zone's learned
+    the queue's expected wait plus the work in flight over the zone's hardware
     throughput: what the tiers above compare with RTT."""
     now = time.monotonic() if now is None else now
     gpus = view.gpus
@@ -129,7 +129,7 @@ def _sums_of_one(view: LocalView, now: float) -> _ModelSums:
         slots_total += slots
         inflight = gpu.outstanding_requests
         busy += inflight if inflight <= slots else slots
-        throughput += gpu.rate
+        throughput += gpu.speed * A100_WORK_PER_S * gpu.weight
         backlog += gpu.outstanding_work
         drain += slots / (gpu.latency_ewma_s or 1.0)
         sample = samples.get(gpu.name)
@@ -162,7 +162,7 @@ def _sums_per_model(view: LocalView, now: float) -> dict[str, _ModelSums]:
             acc.healthy_gpus += 1
             acc.total_slots += gpu.slots
             acc.busy += min(gpu.outstanding_requests, gpu.slots)
-            acc.throughput += gpu.rate
+            acc.throughput += gpu.speed * A100_WORK_PER_S * gpu.weight
             acc.backlog += gpu.outstanding_work
             if sample is not None:
                 acc.queued += int(sample.waiting)
@@ -210,8 +210,10 @@ def _model_capacity(
     if queued and drain:
         entry.estimated_wait_s = queued / drain
     if acc.throughput:
-        # The work in flight, drained at the zone's learned rate: under continuous
-        # batching a busier zone is a slower one long before a request must queue.
+        # The work in flight, drained at the zone's hardware capacity: under continuous
+        # batching a busier zone is a slower one long before a request must queue. Not
+        # the learned rates: those are throughput at the batch each GPU happened to run,
+        # so a lightly loaded zone looked slow and its wait long (as in local_lb.cost).
         entry.estimated_wait_s += acc.backlog / acc.throughput
     return entry
 

@@ -77,7 +77,7 @@ class ZonePicker:
             ramp = ramp_factor(now - zone.healthy_since, self.failback)
             if ramp < 1.0 and self.rng.random() >= ramp:
                 continue  # a zone just back takes only its ramp's share at first
-            scored.append((self.score_in(zone, entry, origin), zone))
+            scored.append((self.score_in(zone, entry, origin, request.work), zone))
         zones = [zone for zone, _ in serving]
         if not scored:
             return sorted(zones, key=lambda z: great_circle_km(origin, z.location or home))
@@ -85,12 +85,17 @@ class ZonePicker:
         ranked = [z for _, z in scored]
         return ranked + [z for z in zones if z not in ranked]
 
-    def score_ms(self, zone: Child, model: str, origin: GeoPoint, now: float) -> float:
+    def score_ms(self, zone: Child, request: PickRequest, now: float) -> float:
         """Distance as RTT plus the zone's expected wait, grown by what was sent since."""
-        return self.score_in(zone, zone.model_capacity(model, now, self.summary_ttl_s), origin)
+        entry = zone.model_capacity(request.model, now, self.summary_ttl_s)
+        return self.score_in(zone, entry, request.origin or self.home, request.work)
 
     def score_in(
-        self, zone: Child, entry: capacity_pb2.ModelCapacity | None, origin: GeoPoint
+        self,
+        zone: Child,
+        entry: capacity_pb2.ModelCapacity | None,
+        origin: GeoPoint,
+        work: float,
     ) -> float:
         """``score_ms`` from the zone's report ``entry`` (None: unknown)."""
         rtt = rtt_estimate_ms(origin, zone.location or self.home)
@@ -98,4 +103,4 @@ class ZonePicker:
             return rtt + UNKNOWN_WAIT_MS
         if entry.total_slots and headroom_in(zone, entry) <= 0:
             return rtt + FULL_ZONE_MS + 1000.0 * entry.estimated_wait_s
-        return rtt + 1000.0 * expected_wait_s(entry, sent_since_report(zone))
+        return rtt + 1000.0 * expected_wait_s(entry, sent_since_report(zone), work)

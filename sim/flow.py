@@ -249,26 +249,30 @@ class RequestFlow:
         region: SimRegion = self.deployment.by_region[name]
         if not region.up:
             raise _TierError(grpc.StatusCode.UNAVAILABLE, f"region {name} is down")
-        hint = region.publisher.hint_trailers(pick.model)
+        # The hint is the tier's newest summary when it answers, as the servers set
+        # it on their trailers: read before forwarding, it would be a request's whole
+        # latency old (seconds under load) and steer the parent by a stale picture.
         try:
             await self._over(region.balancer, pick, served, self._in_zone, UPPER_TIER_FAILOVER)
         except _TierError as err:
-            raise _TierError(err.code, err.detail, hint) from None
-        return hint
+            raise _TierError(
+                err.code, err.detail, region.publisher.hint_trailers(pick.model)
+            ) from None
+        return region.publisher.hint_trailers(pick.model)
 
     async def _in_zone(self, name: str, pick: PickRequest, served: _Served) -> Trailers:
         zone: SimZone = self.deployment.zones[name]
         if not zone.up:
             raise _TierError(grpc.StatusCode.UNAVAILABLE, f"zone {name} is down")
-        hint = zone.publisher.hint_trailers(pick.model)
         try:
             gpu = await self._over(
                 zone.balancer, pick, served, self._on_gpu, LOCAL_FORWARDING_CODES
             )
         except _TierError as err:
+            hint = zone.publisher.hint_trailers(pick.model)  # at answer time, as above
             raise _TierError(err.code, err.detail, hint) from None
         served.zone, served.gpu = name, gpu
-        return hint
+        return zone.publisher.hint_trailers(pick.model)
 
     async def _on_gpu(self, name: str, pick: PickRequest, served: _Served) -> Trailers:
         served.attempts += 1

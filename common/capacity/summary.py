@@ -105,10 +105,19 @@ def combine_replicas(
     return combined
 
 
-def expected_wait_s(entry: capacity_pb2.ModelCapacity, sent_since: int) -> float:
+def expected_wait_s(entry: capacity_pb2.ModelCapacity, sent_since: int, work: float) -> float:
     """A child's reported wait, grown by the ``sent_since`` requests its parent sent it
-    after the report: the wait scales with the requests in flight there, so between
-    reports a child that keeps receiving looks busier and the next one gets its turn."""
+    after the report, each of about ``work`` (``PickRequest.work``): their work drained
+    at the child's capacity is what its backlog grew by. So between reports a child that
+    keeps receiving looks busier and the next one gets its turn, an idle one included
+    (the fleet simulator's finding: a growth proportional to the reported wait left a
+    zone reported idle at zero however much was sent, and every request of the next
+    half second herded to it: 0 requests a zone for seconds, then 500 in 100 ms). A
+    report without a capacity (an older peer's hint) grows in proportion to its
+    busy slots."""
+    capacity = entry.token_throughput_capacity
+    if capacity > 0:
+        return entry.estimated_wait_s + sent_since * work / capacity
     busy = max(1, entry.total_slots - entry.free_slots)
     return entry.estimated_wait_s * (busy + sent_since) / busy
 
@@ -125,9 +134,10 @@ _HINT_FIELDS = (
 
 
 def encode_hint(entry: capacity_pb2.ModelCapacity) -> str:
-    """The compact trailer form of one model's capacity: ``h=3,t=4,s=64,f=10,q=0,u=0,w=0.120``."""
+    """The compact trailer form of one model's capacity:
+    ``h=3,t=4,s=64,f=10,q=0,u=0,w=0.120,c=8000``."""
     counts = ",".join(f"{key}={getattr(entry, name)}" for key, name in _HINT_FIELDS)
-    return f"{counts},w={entry.estimated_wait_s:.3f}"
+    return f"{counts},w={entry.estimated_wait_s:.3f},c={entry.token_throughput_capacity:.0f}"
 
 
 def decode_hint(value: str | None, model: str) -> capacity_pb2.ModelCapacity | None:
@@ -140,6 +150,8 @@ def decode_hint(value: str | None, model: str) -> capacity_pb2.ModelCapacity | N
         for key, name in _HINT_FIELDS:
             setattr(entry, name, int(fields[key]))
         entry.estimated_wait_s = float(fields["w"])
+        # Absent from an older peer's hint: 0, and expected_wait_s grows it by slots.
+        entry.token_throughput_capacity = float(fields.get("c", 0.0))
     except (KeyError, ValueError):
         return None
     if entry.total_slots:

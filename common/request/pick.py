@@ -10,6 +10,11 @@ from common.basics.geo import GeoPoint
 from common.basics.vocabulary import Priority
 from common.request.children import Child
 
+# Work of one prompt token that must be prefilled, in decode-token equivalents: prefill
+# runs in parallel over the prompt, ~20x cheaper per token than decoding one. The unit
+# of every tier's work figures (a zone's backlog, a GPU's cost).
+PREFILL_WEIGHT = 0.05
+
 
 @dataclass(frozen=True)
 class PickRequest:
@@ -34,6 +39,12 @@ class PickRequest:
     def work_tokens(self) -> float:
         """Work this request adds to a child, in tokens (prefill plus decode)."""
         return float(self.prompt_tokens + self.max_tokens)
+
+    @property
+    def work(self) -> float:
+        """Work this request puts on a GPU with nothing cached, in the unit of a zone's
+        backlog and throughput (decode tokens plus weighted prefill)."""
+        return self.max_tokens + PREFILL_WEIGHT * self.prompt_tokens
 
 
 class Picker(Protocol):

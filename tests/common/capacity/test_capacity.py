@@ -10,6 +10,7 @@ from common.capacity.summary import (
     combine_replicas,
     decode_hint,
     encode_hint,
+    expected_wait_s,
     significant_change,
 )
 from common.gen.meridian.v1 import capacity_pb2
@@ -187,13 +188,42 @@ def test_hint_round_trip() -> None:
         queued_requests=2,
         unknown_children=1,
         estimated_wait_s=0.25,
+        token_throughput_capacity=8000.0,
     )
     back = decode_hint(encode_hint(entry), M)
     assert back is not None
+    assert back.token_throughput_capacity == 8000.0
     assert (back.healthy_gpus, back.total_gpus, back.total_slots, back.free_slots) == (3, 4, 64, 10)
     assert (back.queued_requests, back.unknown_children) == (2, 1)
     assert back.estimated_wait_s == pytest.approx(0.25)
     assert back.utilisation == pytest.approx(54 / 64)
+
+
+def test_a_hint_without_capacity_still_decodes() -> None:
+    """An older peer's hint has no ``c``: decoded, with no capacity (0)."""
+    back = decode_hint("h=1,t=1,s=8,f=8,q=0,u=0,w=0.100", M)
+    assert back is not None and back.token_throughput_capacity == 0.0
+
+
+def test_expected_wait_grows_with_what_was_sent_even_from_idle() -> None:
+    """Each request sent since the report adds its work over the child's capacity, so
+    a child reported idle (wait 0) stops looking idle after the first sends."""
+    idle = capacity_pb2.ModelCapacity(
+        model=M, total_slots=64, free_slots=64, token_throughput_capacity=10_000.0
+    )
+    assert expected_wait_s(idle, 0, 500.0) == 0.0
+    assert expected_wait_s(idle, 40, 500.0) == pytest.approx(2.0)
+    busy = capacity_pb2.ModelCapacity(
+        model=M,
+        total_slots=64,
+        free_slots=32,
+        estimated_wait_s=1.0,
+        token_throughput_capacity=10_000.0,
+    )
+    assert expected_wait_s(busy, 20, 500.0) == pytest.approx(2.0)
+    # No capacity in the report (an older peer's hint): in proportion to busy slots.
+    busy.token_throughput_capacity = 0.0
+    assert expected_wait_s(busy, 32, 500.0) == pytest.approx(2.0)
 
 
 @pytest.mark.parametrize("value", [None, "", "h=1", "h=x,t=1,s=1,f=1,q=1,u=1,w=0", "garbage"])

@@ -11,6 +11,7 @@ from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.children import Child, ChildSet
+from common.request.pick import sent_since_report
 
 M = "demo-llm"
 
@@ -78,6 +79,21 @@ def test_fresher_hint_wins_over_the_summary() -> None:
     hint = capacity_pb2.ModelCapacity(model=M, healthy_gpus=0, total_gpus=4)
     children.take_hint(zone, decode_hint(encode_hint(hint), M))
     assert not zone.may_serve(M, clock.now, 1.5)
+
+
+def test_a_repeated_hint_keeps_counting_what_was_sent_since_its_report() -> None:
+    """Every answer repeats the child's newest publication: only a new one restarts the
+    count, or a child that looked idle would take every request until it published."""
+    children, zone, _ = setup()
+    first = decode_hint("h=4,t=4,s=16,f=16,q=0,u=0,w=0.000,c=8000", M)
+    children.take_hint(zone, first)
+    zone.outstanding_requests = 5  # five sent since that report
+    children.take_hint(zone, decode_hint("h=4,t=4,s=16,f=16,q=0,u=0,w=0.000,c=8000", M))
+    assert sent_since_report(zone) == 5
+    children.take_hint(zone, decode_hint("h=4,t=4,s=16,f=11,q=0,u=0,w=0.300,c=8000", M))
+    assert sent_since_report(zone) == 0
+    zone.outstanding_requests = 7
+    assert sent_since_report(zone) == 2
 
 
 def test_significant_change_notifies_listeners() -> None:
