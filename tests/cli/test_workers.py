@@ -35,8 +35,9 @@ from cli.launcher import resolve_ports
 from common.basics.redis_embed import EmbeddedRedis
 from common.capacity.streams import SUMMARY_FIELD, zone_stream
 from common.capacity.summary import combine_replicas
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
-from tests.client import V2Client
+from common.request.v2 import generate_request, response_text
 from tests.conftest import small_fleet_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -170,9 +171,14 @@ def gpu_gauges(zone: dict[str, Any]) -> tuple[float, float]:
 
 
 def call(address: str, prompt: str) -> str:
-    """One request on a connection of its own, so the kernel spreads them over workers."""
-    with V2Client(address) as client:
-        return client.infer(prompt, MAX_TOKENS, model=MODEL, timeout=60).text
+    """One request on a connection of its own (grpcio shares one connection between a
+    process's channels to one address unless told not to), so the kernel spreads them
+    over the workers."""
+    options = [("grpc.use_local_subchannel_pool", 1)]
+    with grpc.insecure_channel(address, options=options) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        reply = stub.ModelInfer(generate_request(MODEL, prompt, MAX_TOKENS), timeout=60)
+        return response_text(reply)
 
 
 def start_zone(zone: dict[str, Any], launch: Callable[[list[str], str], Proc]) -> Proc:
