@@ -7,8 +7,11 @@ Rows, interleaved in rounds (each figure the median over rounds):
   reaches a child (one HTTP/2 connection);
 * *1 worker, 16 connections*: the same process, the driver's clients spread over 16
   connections (so the next row's gain is not the connections');
+* *1 worker unpinned, 16 connections*: the same process let onto both cores for the
+  window, as the two workers run;
 * *--workers 2, 16 connections*: the supervisor and its two workers on one port; the
-  kernel hands each connection to one worker (SO_REUSEPORT).
+  kernel hands each connection to one worker (SO_REUSEPORT);
+* *direct to the GPUs*: no tier at all, the ceiling of the driver and GPUs' core.
 
 Placement (``bench.data_plane_stack``): the driver and the GPU worker process on core 0,
 the 1-worker tier on core 1, the 2 workers unpinned (both cores, shared with the driver
@@ -33,22 +36,41 @@ from pathlib import Path
 from typing import Any
 
 from bench.data_plane import MODES, RESULTS, _median, _pooled, check_rows, git_head, measure
+from bench.data_plane_fleet import pin
 from bench.data_plane_stack import BENCH_ROOT, WORKER_CONNECTIONS, Row, Stack
 
+DIRECT = "direct to the GPUs"
 ONE = "1 worker, 1 connection"
 ONE_MANY = f"1 worker, {WORKER_CONNECTIONS} connections"
+ONE_FREE = f"1 worker unpinned, {WORKER_CONNECTIONS} connections"
 TWO = f"--workers 2, {WORKER_CONNECTIONS} connections"
 
 
 def rows_of(stack: Stack) -> list[Row]:
-    """The three rows, from the stack's ``local`` and ``local --workers 2`` rows."""
+    """The rows, from the stack's ``direct``, ``local`` and ``local --workers 2`` rows."""
     by_name = {row.name: row for row in stack.rows}
     local, workers = by_name["local"], by_name["local --workers 2"]
+    many = dataclasses.replace(local, connections=WORKER_CONNECTIONS)
     return [
+        dataclasses.replace(by_name["direct"], name=DIRECT),
         dataclasses.replace(local, name=ONE),
-        dataclasses.replace(local, name=ONE_MANY, connections=WORKER_CONNECTIONS),
+        dataclasses.replace(many, name=ONE_MANY),
+        dataclasses.replace(many, name=ONE_FREE),
         dataclasses.replace(workers, name=TWO),
     ]
+
+
+def measure_row(stack: Stack, row: Row, mode: str, args: argparse.Namespace) -> dict[str, Any]:
+    """One window; the ONE_FREE row runs the 1-worker tier on every core, as the two
+    workers run, and puts it back on its own core after."""
+    tier = stack.procs["tls-local"].pid
+    if row.name == ONE_FREE:
+        pin(tier, frozenset(range(os.cpu_count() or 1)))
+    try:
+        return measure(stack, row, mode, args.seconds, args.warmup, args.concurrency)
+    finally:
+        if row.name == ONE_FREE:
+            pin(tier, stack.router_cpus)
 
 
 def summarise(windows: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, Any]:
@@ -74,6 +96,8 @@ def summarise(windows: dict[str, dict[str, list[dict[str, Any]]]]) -> dict[str, 
         mode: {
             "workers2_over_1worker_same_connections": _ratio(rows, TWO, ONE_MANY, mode),
             "workers2_over_1worker_1connection": _ratio(rows, TWO, ONE, mode),
+            "workers2_over_1worker_unpinned": _ratio(rows, TWO, ONE_FREE, mode),
+            "1worker_over_direct": _ratio(rows, ONE_MANY, DIRECT, mode),
         }
         for mode in MODES
     }
@@ -116,14 +140,18 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", "| ratio (req/s) | unary | stream |", "|---|---:|---:|"]
     for key, label in (
         ("workers2_over_1worker_same_connections", f"--workers 2 / {ONE_MANY}"),
-        ("workers2_over_1worker_1connection", "--workers 2 / 1 worker on 1 connection"),
+        ("workers2_over_1worker_1connection", f"--workers 2 / {ONE}"),
+        ("workers2_over_1worker_unpinned", f"--workers 2 / {ONE_FREE}"),
+        ("1worker_over_direct", f"{ONE_MANY} / {DIRECT} (the ceiling of core 0)"),
     ):
         unary, stream = (result["ratios"][m][key] for m in MODES)
         lines.append(f"| {label} | {unary:.2f}x | {stream:.2f}x |")
     lines += [
         "",
         "The second core is shared with the load generator and the GPUs' process (core 0), so",
-        "the ratio is what two workers get out of the machine as it is, not a 2x ceiling.",
+        "the ratio is what two workers get out of the machine as it is, not a 2x ceiling:",
+        f"*{DIRECT}* is what core 0 (driver and GPUs) manages with no tier in between; a tier",
+        "row near it is capped there, and only its CPU per request can still improve.",
     ]
     unavailable = result.get("unavailable") or {}
     for name, why in unavailable.items():
@@ -145,7 +173,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for i in range(args.rounds):
                 for row in rows:
                     for mode in MODES:
-                        w = measure(stack, row, mode, args.seconds, args.warmup, args.concurrency)
+                        w = measure_row(stack, row, mode, args)
                         windows.setdefault(row.name, {}).setdefault(mode, []).append(w)
                         rps = w.get("rps", 0.0)
                         print(f"round {i + 1} {row.name:32s} {mode:6s} {rps:7.0f} req/s")
