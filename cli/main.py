@@ -97,6 +97,8 @@ def _run_tier(args: argparse.Namespace) -> None:
                 policy=args.policy,
                 reload_from=source,
             )
+        if tier.admin is not None:  # its changes would reach one worker: refused
+            tier.admin.workers = place.count
         await tier.serve_until(stop, grace=args.grace)
 
     asyncio.run(_until_signalled(run))

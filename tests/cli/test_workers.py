@@ -36,6 +36,8 @@ from common.basics.redis_embed import EmbeddedRedis
 from common.capacity.streams import SUMMARY_FIELD, zone_stream
 from common.capacity.summary import combine_replicas
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.gen.meridian.v1 import admin_pb2 as apb
+from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.v2 import generate_request, response_text
 from tests.conftest import small_fleet_spec
@@ -254,6 +256,29 @@ def test_sigterm_stops_both_workers_and_loses_no_call_in_flight(
     for pid in pids:  # both workers are gone (not merely orphaned)
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text()
     assert len(local.events("tier_stopped")) == 2
+
+
+def test_admin_changes_are_refused_since_they_would_reach_one_worker(
+    zone: dict[str, Any], launch: Callable[[list[str], str], Proc]
+) -> None:
+    start_zone(zone, launch)
+    gpu = zone["zone"]["gpus"][0]["name"]
+    with grpc.insecure_channel(zone["zone"]["listen"]) as channel:
+        admin = apb_grpc.AdminStub(channel)
+        calls = [
+            (admin.Drain, apb.DrainRequest(target=gpu)),
+            (admin.Undrain, apb.DrainRequest(target=gpu)),
+            (admin.SetWeight, apb.SetWeightRequest(gpu=gpu, weight=2.0)),
+            (admin.ReloadTopology, apb.ReloadTopologyRequest()),
+        ]
+        for method, request in calls:
+            with pytest.raises(grpc.RpcError) as err:
+                method(request, timeout=10)
+            assert err.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "runs as 2 workers on one port (--workers 2)" in err.value.details()
+        (node,) = admin.ListTopology(apb.ListTopologyRequest(), timeout=10).nodes
+        assert node.name == gpu and not node.drained  # nothing was changed
+    assert call(zone["zone"]["listen"], "still served")
 
 
 def test_a_killed_worker_is_restarted_and_the_other_serves_meanwhile(
