@@ -94,12 +94,8 @@ def zone_summary(
     to the message once, and a zone whose GPUs all serve the same models (the usual
     one) is summed in one pass without per-model bookkeeping. ``estimated_wait_s`` is
     the queue's expected wait plus the work in flight over the zone's learned
-    throughput: what the tiers above compare with RTT.
-
-    A GPU's slots are counted whole (``GpuChild.whole_slots``) and only this process's
-    own requests as busy: under ``--workers N`` each worker holds a share of every GPU
-    and publishes as a replica of the zone, and the parent's ``combine_replicas`` takes
-    the slots once and adds up the busy ones, so it sees the whole zone."""
+    throughput: what the tiers above compare with RTT. A GPU's slots count whole, only
+    this process's requests busy: ``--workers`` replicas combine (``GpuChild.whole_slots``)."""
     now = time.monotonic() if now is None else now
     gpus = view.gpus
     models = gpus[0].models if gpus else frozenset()
@@ -131,8 +127,7 @@ def _sums_of_one(view: LocalView, now: float) -> _ModelSums:
         if not gpu.healthy or gpu.ejected or gpu.drained:
             continue
         healthy += 1
-        slots = gpu.slots
-        whole = gpu.gpu_slots or slots  # GpuChild.whole_slots
+        slots, whole = gpu.slots, gpu.gpu_slots or gpu.slots  # GpuChild.whole_slots
         slots_total += whole
         inflight = gpu.outstanding_requests
         busy += inflight if inflight <= slots else slots

@@ -102,10 +102,8 @@ def build_regional_tier(
     telemetry: Telemetry | None = None, publish: bool = True,
 ) -> TierServer:
     """The regional tier of ``region`` as described by ``topology``; ``reload_from``
-    re-reads the topology for the Admin API's ReloadTopology. ``publish``: publish the
-    region's summary (false: only read the zones'). Under ``--workers N`` only worker 0
-    publishes: every worker would aggregate the same zone summaries, and the global
-    tier, combining them as replicas, would add up their busy slots N times over."""
+    re-reads the topology for the Admin API's ReloadTopology. ``publish``: false for all
+    but one of ``--workers`` (the same aggregate N times would add up N times above)."""
     region_cfg = topology.region(region)
     tls = tier_tls(topology, regional(region))
     zones = tier_children(topology, zone_children(region_cfg), "zone", tls=tls)

@@ -133,9 +133,7 @@ class AdminService(apb_grpc.AdminServicer):
         self.guard = guard
         self.index = subtree_index(topology, tier, name)
         self._reloading = asyncio.Lock()
-        # Processes serving this tier's port (``--workers``). Above 1 a change applied
-        # here would reach only the worker the call landed on, so it is refused
-        # (``_one_worker``); changes this tier only forwards below are not.
+        # Processes serving this tier's port (``--workers``): above 1, ``_one_worker``.
         self.workers = 1
 
     def register(self, server: grpc.aio.Server) -> None:
