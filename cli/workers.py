@@ -30,8 +30,13 @@ the topology as worker ``index`` sees it:
   with Redis down each global worker falls back to its 1/N share.
 
 Not shared: the Admin API. It is served on the shared gRPC port, so a drain, weight or
-reload reaches the one worker the connection landed on; with ``--workers`` above 1,
-change a tier through its topology file and a restart, or run one worker.
+reload would reach the one worker the connection landed on: each worker refuses those it
+would apply itself (FAILED_PRECONDITION, ``common.operations.admin``); change the
+topology file and restart the tier, or run one worker.
+
+SO_REUSEPORT spreads connections, not calls: one parent process holds one connection to
+a child and so reaches one of its workers. The spread comes from many clients (the edge)
+or from a parent that runs several workers or replicas itself.
 """
 
 from __future__ import annotations
