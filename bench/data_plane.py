@@ -5,11 +5,12 @@ Rows (``bench.data_plane_stack``): *direct* to the GPUs; a *bare hop* (a grpc.ai
 byte pass-through, ``bench.data_plane_hop``: the floor for a Python hop); the *local*
 tier alone; *regional+local*; the whole *chain* (global → regional → local); *3 bare
 hops* in series (the chain's floor); *nginx* ``grpc_pass``, *HAProxy* h2 and *Envoy*;
-the local tier with ``--workers 2`` when the code under test has the flag; the chain
-with *TLS off* and with *tracing off*. Every Meridian row runs as ``meridian up`` would:
-mutual TLS between tiers, tenant auth (and limits) at the edge, tracing at the default
-sampler. Columns: unary ModelInfer and one ModelStreamInfer stream per request, 1
-token against near-instant GPUs (``--time-scale``), a closed loop of ``--concurrency``.
+the local tier with ``--workers 2`` (over 16 connections) when the code under test has
+the flag; the chain with *TLS off* and with *tracing off*. Every Meridian row runs as
+``meridian up`` would: mutual TLS between tiers, tenant auth (and limits) at the edge,
+tracing at the default sampler. Columns: unary ModelInfer and one ModelStreamInfer
+stream per request, 1 token against near-instant GPUs (``--time-scale``), a closed loop
+of ``--concurrency``.
 
 Rows are interleaved in rounds (every row once per round, unary then stream) and each
 figure is the median over rounds. Per window: requests/s, P50/P99 latency and the P50

@@ -47,6 +47,10 @@ class Job:
     tls_ca: str = ""
     tls_cert: str = ""
     tls_key: str = ""
+    # Connections (channels) per target, the clients spread over them: a tier run with
+    # --workers N shares its port per connection (SO_REUSEPORT), so one connection
+    # would reach one worker only.
+    connections: int = 1
 
 
 @dataclass
@@ -70,11 +74,14 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def channel_for(job: Job, target: str) -> grpc.aio.Channel:
+    # Each channel its own connection: grpcio otherwise shares one between a process's
+    # channels to the same target.
+    options = [("grpc.use_local_subchannel_pool", 1)] if job.connections > 1 else []
     if not job.tls_ca:
-        return grpc.aio.insecure_channel(target)
+        return grpc.aio.insecure_channel(target, options=options)
     ca, cert, key = (Path(p).read_bytes() for p in (job.tls_ca, job.tls_cert, job.tls_key))
     creds = grpc.ssl_channel_credentials(ca, private_key=key, certificate_chain=cert)
-    return grpc.aio.secure_channel(target, creds)
+    return grpc.aio.secure_channel(target, creds, options=options)
 
 
 class Loop:
@@ -131,7 +138,7 @@ def no_mark(event: str) -> None:
 async def run_job(job: Job, mark: Callable[[str], None] = no_mark) -> Window:
     """Warm up, then measure ``job.seconds``; ``mark`` is called with ``begin`` and
     ``end`` the moment the window opens and closes."""
-    channels = [channel_for(job, t) for t in job.targets]
+    channels = [channel_for(job, t) for t in job.targets for _ in range(job.connections)]
     try:
         stubs = [pb_grpc.GRPCInferenceServiceStub(c) for c in channels]
         loop = Loop(job, stubs)

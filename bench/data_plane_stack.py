@@ -46,6 +46,9 @@ from common.tenancy.auth import new_key
 BENCH_ROOT = Path(__file__).resolve().parent.parent
 PEERS = ("nginx", "haproxy", "envoy")
 COMPARED = " [compared]"  # the rows of --compare's checkout
+# Connections the driver opens to a --workers tier: the kernel spreads connections, not
+# calls, over the workers (bench.workers measures 1 worker at as many too).
+WORKER_CONNECTIONS = 16
 
 
 @dataclass(frozen=True)
@@ -57,6 +60,7 @@ class Row:
     path: tuple[str, ...]  # processes whose CPU is the row's (the driver's is added)
     creds: Credentials | None = None
     api_key: bool = False
+    connections: int = 1  # per target (data_plane_load.Job.connections)
 
 
 @dataclass
@@ -233,6 +237,7 @@ class Stack:
                     (w.address("local"),),
                     ("workers-local", *meridian),
                     w.caller("local"),
+                    connections=WORKER_CONNECTIONS,
                 )
             )
         for name in ("plain", "untraced"):
@@ -250,6 +255,7 @@ class Stack:
             "targets": list(row.targets), "mode": mode, "model": MODEL, "concurrency": concurrency,
             "seconds": seconds, "warmup_s": warmup_s,
             "api_key": self.api_key if row.api_key else "",
+            "connections": row.connections,
         }  # fmt: skip
         if row.creds is not None:
             job.update(tls_ca=row.creds.ca, tls_cert=row.creds.cert, tls_key=row.creds.key)

@@ -17,6 +17,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from cli.parser import build_parser
+from cli.workers import WorkerPlace, worker_addresses, worker_topology
 from common.config.ext_proc import ExtProcConfig
 from common.config.node import ConfigError, parse_endpoint
 from common.config.topology import Topology, ZoneConfig, load_topology
@@ -34,7 +35,30 @@ def _topology(args: argparse.Namespace) -> Topology:
         topology = dataclasses.replace(topology, redis_url=args.redis)
     if getattr(args, "ext_proc_listen", None):  # meridian local only
         topology = _with_ext_proc(topology, args)
+    place = _place(args)
+    if place.shared:  # as this worker binds it (cli.workers)
+        topology = worker_topology(topology, args.command, place, *_where(args))
     return topology
+
+
+def _place(args: argparse.Namespace) -> WorkerPlace:
+    """Which worker this process is: 0 of 1 unless the supervisor started it."""
+    index = getattr(args, "worker_index", None)
+    return WorkerPlace() if index is None else WorkerPlace(index, args.workers)
+
+
+def _where(args: argparse.Namespace) -> tuple[str, str]:
+    return getattr(args, "region", ""), getattr(args, "zone", "")
+
+
+def _supervise(args: argparse.Namespace, argv: list[str]) -> int:
+    """``--workers N`` (N > 1): check the topology and every address the workers will
+    bind, then start and watch them (cli.supervisor)."""
+    from cli.supervisor import Supervisor, check_free
+
+    check_free(worker_addresses(_topology(args), args.command, args.workers, *_where(args)))
+    what = " ".join(n for n in (args.command, "tier", *_where(args)) if n)
+    return Supervisor(argv, args.workers, args.grace, what).run()
 
 
 async def _until_signalled(run: Callable[[asyncio.Event], Awaitable[None]]) -> None:
@@ -46,7 +70,7 @@ async def _until_signalled(run: Callable[[asyncio.Event], Awaitable[None]]) -> N
 
 
 def _run_tier(args: argparse.Namespace) -> None:
-    topology = _topology(args)
+    topology, place = _topology(args), _place(args)
 
     def source() -> Topology:  # the Admin API's ReloadTopology re-reads the same file
         return _topology(args)
@@ -56,11 +80,13 @@ def _run_tier(args: argparse.Namespace) -> None:
         if args.command == "global":
             from global_lb.server import build_global_tier
 
-            tier = build_global_tier(topology, reload_from=source)
+            tier = build_global_tier(topology, reload_from=source, replicas=place.count)
         elif args.command == "regional":
             from regional_lb.server import build_regional_tier
 
-            tier = build_regional_tier(topology, args.region, reload_from=source)
+            tier = build_regional_tier(
+                topology, args.region, reload_from=source, publish=place.index == 0
+            )
         else:
             from local_lb.server import build_local_tier
 
@@ -71,6 +97,8 @@ def _run_tier(args: argparse.Namespace) -> None:
                 policy=args.policy,
                 reload_from=source,
             )
+        if tier.admin is not None:  # its changes would reach one worker: refused
+            tier.admin.workers = place.count
         await tier.serve_until(stop, grace=args.grace)
 
     asyncio.run(_until_signalled(run))
@@ -200,8 +228,10 @@ def _run_keygen(args: argparse.Namespace) -> None:
     print("give the key to the tenant; put the sha256 in auth.tenants[].api_key_sha256")
 
 
-def _dispatch(args: argparse.Namespace) -> int:
+def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     if args.command in ("global", "regional", "local"):
+        if args.workers > 1 and args.worker_index is None:
+            return _supervise(args, argv)
         _run_tier(args)
     elif args.command == "worker":
         _run_worker(args)
@@ -250,7 +280,7 @@ def main(argv: list[str] | None = None) -> None:
         settings = LogSettings(env.format, "warning")  # clients: their output is the report
     configure_logging(settings)
     try:
-        code = _dispatch(args)
+        code = _dispatch(args, argv)
     except ConfigError as exc:
         print(f"meridian: configuration error: {exc}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -75,6 +75,20 @@ def _tier_options(p: argparse.ArgumentParser, where: tuple[str, ...], env: LogSe
     _log_options(p, env)
 
 
+def _workers_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workers",
+        metavar="N",
+        type=positive_int,
+        default=1,
+        help="processes serving this tier on its one port (SO_REUSEPORT), under a "
+        "supervisor that restarts one that dies; what they share: README "
+        "'Several workers on one port'",
+    )
+    # Set by the supervisor on each worker it starts (cli.supervisor).
+    p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
+
+
 def _server_parsers(sub: Any, env: LogSettings) -> None:
     grace = {
         "metavar": "SECONDS",
@@ -113,6 +127,7 @@ def _server_parsers(sub: Any, env: LogSettings) -> None:
                 "(default: the zone's ext_proc.listen, if any)",
             )
         p.add_argument("--grace", **grace)
+        _workers_options(p)
     what = "run one zone's emulated GPU servers"
     p = sub.add_parser("worker", help=what, description=what, formatter_class=HelpFormatter)
     _tier_options(p, ("region", "zone"), env)

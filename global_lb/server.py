@@ -77,11 +77,11 @@ def region_picker(topology: Topology, rng: random.Random | None = None) -> Regio
 
 def build_global_tier(
     topology: Topology, *, reload_from: Callable[[], Topology] | None = None,
-    telemetry: Telemetry | None = None,
+    telemetry: Telemetry | None = None, replicas: int = 1,
 ) -> TierServer:
     """The global tier as described by ``topology``; ``reload_from`` re-reads the topology
-    for the Admin API's ReloadTopology; ``telemetry`` replaces the tracing set up from
-    the OTel environment."""
+    for the Admin API's ReloadTopology; ``telemetry`` replaces the OTel environment's;
+    ``replicas``: processes sharing the quotas (``--workers``; each's share, Redis down)."""
     tls = tier_tls(topology, GLOBAL)  # its own certificate, presented to the regions
     regions = tier_children(topology, region_children(topology), "region", tls=tls)
     streams = {region_stream(r.name): r.name for r in topology.regions}
@@ -108,7 +108,7 @@ def build_global_tier(
         reader=reader,
         tls=tls,
         admission=edge_admission(
-            topology.auth, tenants_redis, usage_replicas_ack=topology.usage_replicas_ack
+            topology.auth, tenants_redis, replicas, topology.usage_replicas_ack
         ),
         limits=topology.limits,
         keepalive=topology.liveness.keepalive,

@@ -127,9 +127,10 @@ class LocalAdmin:
         if before is not None and before.metrics_url != watched.metrics_url:
             changes.append(f"metrics {before.metrics_url} -> {watched.metrics_url}")
         await self.monitor.update(watched)
-        if gpu.slots != cfg.max_concurrency:
-            changes.append(f"max_concurrency {gpu.slots} -> {cfg.max_concurrency}")
-            gpu.slots = cfg.max_concurrency
+        if gpu.whole_slots != cfg.max_concurrency or gpu.slots != cfg.slots:
+            changes.append(f"max_concurrency {gpu.whole_slots} -> {cfg.max_concurrency}")
+            gpu.slots = cfg.slots  # this worker's share of them under --workers
+            gpu.gpu_slots = cfg.max_concurrency if cfg.held_slots is not None else 0
         if gpu.hardware != cfg.hardware:
             changes.append(f"hardware {gpu.hardware} -> {cfg.hardware}")
             gpu.hardware = cfg.hardware

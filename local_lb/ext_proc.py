@@ -281,7 +281,9 @@ class ExtProcServer:
         return Endpoint(self.endpoint.host, self.port).address
 
     async def start(self) -> None:
-        server = grpc.aio.server(options=server_options(self.picker.limits))
+        server = grpc.aio.server(
+            options=server_options(self.picker.limits, reuse_port=self.endpoint.reuse_port)
+        )
         ep_grpc.add_ExternalProcessorServicer_to_server(self.picker, server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         self.port = server.add_insecure_port(self.endpoint.address)

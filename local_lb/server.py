@@ -51,7 +51,8 @@ def gpu_child(cfg: GpuConfig, credentials: grpc.ChannelCredentials | None = None
         models=frozenset(cfg.models),
         speed=cfg.speed,
         hardware=cfg.hardware,
-        slots=cfg.max_concurrency,
+        slots=cfg.slots,
+        gpu_slots=cfg.max_concurrency if cfg.held_slots is not None else 0,
         versions=dict(cfg.versions),
         rate=cfg.speed * A100_WORK_PER_S,
         tls=cfg.tls,
@@ -93,7 +94,8 @@ def zone_summary(
     to the message once, and a zone whose GPUs all serve the same models (the usual
     one) is summed in one pass without per-model bookkeeping. ``estimated_wait_s`` is
     the queue's expected wait plus the work in flight over the zone's hardware
-    throughput: what the tiers above compare with RTT."""
+    throughput: what the tiers above compare with RTT. A GPU's slots count whole, only
+    this process's requests busy: ``--workers`` replicas combine (``GpuChild.whole_slots``)."""
     now = time.monotonic() if now is None else now
     gpus = view.gpus
     models = gpus[0].models if gpus else frozenset()
@@ -125,8 +127,8 @@ def _sums_of_one(view: LocalView, now: float) -> _ModelSums:
         if not gpu.healthy or gpu.ejected or gpu.drained:
             continue
         healthy += 1
-        slots = gpu.slots
-        slots_total += slots
+        slots, whole = gpu.slots, gpu.gpu_slots or gpu.slots  # GpuChild.whole_slots
+        slots_total += whole
         inflight = gpu.outstanding_requests
         busy += inflight if inflight <= slots else slots
         throughput += gpu.speed * A100_WORK_PER_S * gpu.weight
@@ -136,7 +138,7 @@ def _sums_of_one(view: LocalView, now: float) -> _ModelSums:
         if sample is not None and not now - sample.taken_at > max_age:
             queued += int(sample.waiting)
             if sample.kv_cache_usage is not None:
-                kv += sample.kv_cache_usage * slots
+                kv += sample.kv_cache_usage * whole
     sums = _ModelSums(
         len(view.gpus), healthy, slots_total, busy, throughput, queued, kv, backlog
     )
@@ -160,14 +162,14 @@ def _sums_per_model(view: LocalView, now: float) -> dict[str, _ModelSums]:
             if not usable:
                 continue
             acc.healthy_gpus += 1
-            acc.total_slots += gpu.slots
+            acc.total_slots += gpu.whole_slots
             acc.busy += min(gpu.outstanding_requests, gpu.slots)
             acc.throughput += gpu.speed * A100_WORK_PER_S * gpu.weight
             acc.backlog += gpu.outstanding_work
             if sample is not None:
                 acc.queued += int(sample.waiting)
                 if sample.kv_cache_usage is not None:
-                    acc.kv += sample.kv_cache_usage * gpu.slots
+                    acc.kv += sample.kv_cache_usage * gpu.whole_slots
     return sums
 
 

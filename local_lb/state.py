@@ -30,7 +30,11 @@ class GpuChild(Child):
     """One GPU as the local tier sees it."""
 
     hardware: str = "A100"
+    # The slots this process may fill (its share of them under --workers).
     slots: int = 16
+    # The GPU's whole max_concurrency when ``slots`` is this process's share of it
+    # (``meridian local --workers N``); 0: ``slots`` is all of it.
+    gpu_slots: int = 0
     # Versions served per model (empty: any version).
     versions: Mapping[str, frozenset[str]] = field(default_factory=dict)
     # Service rate in work units per second (decode-token equivalents), learned online.
@@ -51,6 +55,13 @@ class GpuChild(Child):
     @property
     def free_slots(self) -> int:
         return self.slots - self.outstanding_requests
+
+    @property
+    def whole_slots(self) -> int:
+        """The GPU's whole concurrency, whatever share of it this process holds: what the
+        zone's summary counts, so the summaries of a zone's workers combine to the GPU's
+        (``common.capacity.summary.combine_replicas`` takes slots once, busy ones summed)."""
+        return self.gpu_slots or self.slots
 
     @property
     def usable(self) -> bool:

@@ -99,10 +99,11 @@ def zone_picker(
 
 def build_regional_tier(
     topology: Topology, region: str, *, reload_from: Callable[[], Topology] | None = None,
-    telemetry: Telemetry | None = None,
+    telemetry: Telemetry | None = None, publish: bool = True,
 ) -> TierServer:
     """The regional tier of ``region`` as described by ``topology``; ``reload_from``
-    re-reads the topology for the Admin API's ReloadTopology."""
+    re-reads the topology for the Admin API's ReloadTopology. ``publish``: false for all
+    but one of ``--workers`` (the same aggregate N times would add up N times above)."""
     region_cfg = topology.region(region)
     tls = tier_tls(topology, regional(region))
     zones = tier_children(topology, zone_children(region_cfg), "zone", tls=tls)
@@ -119,7 +120,7 @@ def build_regional_tier(
         region_stream(region),
         lambda seq: region_summary(zones, source=source, sequence=seq, region=region),
         RedisKeys.REGION_SUMMARIES,
-    )
+    ) if publish else None  # fmt: skip
     picker = zone_picker(topology, region_cfg)
 
     def origin(hints: RouteHints) -> GeoPoint:

@@ -12,7 +12,7 @@ naming its key.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from common.config.access import GpuTls, parse_gpu_tls
 from common.config.node import (
@@ -60,6 +60,15 @@ class GpuConfig:
     report_tokens: bool = True
     # How the local tier talks to it: "v2" (KServe V2 gRPC) or "openai" (OpenAI HTTP).
     protocol: str = "v2"
+    # Of max_concurrency, the slots this local-tier process may fill (None: all of them).
+    # Not a topology key: ``meridian local --workers N`` splits each GPU's slots between
+    # its N workers (``split_slots``), so together they never exceed max_concurrency.
+    held_slots: int | None = None
+
+    @property
+    def slots(self) -> int:
+        """The slots this process may fill: ``held_slots``, else ``max_concurrency``."""
+        return self.max_concurrency if self.held_slots is None else self.held_slots
 
     def serves(self, model: str, version: str = "") -> bool:
         """True when this GPU serves ``model`` (at ``version``, when one is asked for)."""
@@ -126,6 +135,22 @@ def parse_gpu(node: ConfigNode) -> GpuConfig:
         )
     node.done()
     return gpu
+
+
+def split_slots(gpu: GpuConfig, workers: int, index: int, key: str) -> GpuConfig:
+    """``gpu`` as worker ``index`` of ``workers`` holds it: ``max_concurrency // workers``
+    slots, the remainder one each to the first workers. A GPU with fewer slots than
+    workers cannot be split without exceeding it: ConfigError naming ``key`` (the GPU's
+    ``max_concurrency`` path)."""
+    if not 0 <= index < workers:
+        raise ValueError(f"worker index {index} is not in 0..{workers - 1}")
+    if gpu.max_concurrency < workers:
+        raise ConfigError(
+            f"{key}: {gpu.max_concurrency} slots cannot be split between {workers} workers "
+            f"(--workers); each worker must hold at least one"
+        )
+    share, extra = divmod(gpu.max_concurrency, workers)
+    return replace(gpu, held_slots=share + (1 if index < extra else 0))
 
 
 def parse_protocol(node: ConfigNode) -> str:

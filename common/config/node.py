@@ -9,7 +9,7 @@ so a typo never turns into a silent default.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -19,10 +19,17 @@ class ConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Endpoint:
-    """A loopback or cluster address ``host:port``; port 0 means 'pick one at launch'."""
+    """A loopback or cluster address ``host:port``; port 0 means 'pick one at launch'.
+
+    ``reuse_port``: the server binding it sets SO_REUSEPORT, sharing the port with
+    the other workers of its tier process (``meridian ... --workers N``, cli.workers);
+    never read from a topology file, and not part of the address (equality ignores it).
+    Off, a second server on a taken port fails to start, as a router must.
+    """
 
     host: str
     port: int
+    reuse_port: bool = field(default=False, compare=False)
 
     @property
     def address(self) -> str:

@@ -14,7 +14,10 @@ regional tiers (``local_lb.admin`` for the local tier).
 What a tier does to its own children is in its ``TierHooks``: how it
 describes a child, whether weights apply (GPUs only) and how it reloads.
 Drain state and weights live in the tier process: a restarted tier starts
-with nothing drained and every weight 1.
+with nothing drained and every weight 1. So a tier run as several workers on
+one port (``--workers``, ``cli.workers``) refuses the changes it would apply
+itself (drain, undrain, weight, reload) with FAILED_PRECONDITION: one call
+reaches one worker. Listing, and forwarding to the tier below, still work.
 """
 
 from __future__ import annotations
@@ -130,6 +133,8 @@ class AdminService(apb_grpc.AdminServicer):
         self.guard = guard
         self.index = subtree_index(topology, tier, name)
         self._reloading = asyncio.Lock()
+        # Processes serving this tier's port (``--workers``): above 1, ``_one_worker``.
+        self.workers = 1
 
     def register(self, server: grpc.aio.Server) -> None:
         apb_grpc.add_AdminServicer_to_server(self, server)
@@ -153,6 +158,16 @@ class AdminService(apb_grpc.AdminServicer):
                 f"no region, zone or GPU named {target!r} behind the {self.label} tier",
             )
         return child, where[1]
+
+    def _one_worker(self) -> None:
+        if self.workers > 1:
+            raise RouteError(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"the {self.label} tier runs as {self.workers} workers on one port "
+                f"(--workers {self.workers}): this change would reach only the worker the "
+                "call landed on; change the topology file and restart the tier, or run one "
+                "worker",
+            )
 
     def _stub(self, child: Child) -> apb_grpc.AdminStub:
         if child.channel is None:
@@ -236,6 +251,7 @@ class AdminService(apb_grpc.AdminServicer):
                     method, request, child, context
                 )
                 return reply
+            self._one_worker()
             if not self.children.set_drained(child, drained):
                 raise RouteError(
                     grpc.StatusCode.FAILED_PRECONDITION,
@@ -269,6 +285,7 @@ class AdminService(apb_grpc.AdminServicer):
                 return reply
             if self.hooks.set_weight is None:
                 raise RouteError.invalid(f"the {self.label} tier has no GPU weights")
+            self._one_worker()
             self.hooks.set_weight(child, request.weight)
         except RouteError as err:
             await self._fail(context, err)
@@ -300,6 +317,7 @@ class AdminService(apb_grpc.AdminServicer):
         return apb.ReloadTopologyResponse(tiers=tiers)
 
     async def _reload_self(self) -> apb.TierReload:
+        self._one_worker()
         if self.source is None:
             raise RouteError(
                 grpc.StatusCode.FAILED_PRECONDITION,

@@ -126,7 +126,9 @@ class OpenAIEdge:
         # Bound here (not by aiohttp) so port 0 tells which port it got; a taken port fails.
         endpoint = self.config.endpoint
         family = socket.AF_INET6 if ":" in endpoint.host else socket.AF_INET
-        sock = socket.create_server((endpoint.host, endpoint.port), family=family)
+        sock = socket.create_server(
+            (endpoint.host, endpoint.port), family=family, reuse_port=endpoint.reuse_port
+        )
         self.port = sock.getsockname()[1]
         # handler_cancellation: a client that goes away cancels its request downstream.
         runner = web.AppRunner(

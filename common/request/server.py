@@ -44,16 +44,23 @@ MAX_MESSAGE_BYTES = 16 * 1024 * 1024
 
 
 def server_options(
-    limits: Limits, keepalive: Keepalive | None = None, *, edge: bool = False
+    limits: Limits,
+    keepalive: Keepalive | None = None,
+    *,
+    edge: bool = False,
+    reuse_port: bool = False,
 ) -> list[tuple[str, int]]:
     """gRPC server options enforcing ``limits`` and ``keepalive`` (default: between
-    tiers); see the module docstring."""
+    tiers); see the module docstring. ``reuse_port``: share the port with the other
+    workers of this tier (``Endpoint.reuse_port``)."""
     per_connection = [("grpc.max_concurrent_streams", limits.max_streams_per_connection)]
     return [
         *(per_connection if edge else []),
         # grpcio turns SO_REUSEPORT on by default, so a second server on a taken port
-        # would start silently and share it; a router must fail loudly instead.
-        ("grpc.so_reuseport", 0),
+        # would start silently and share it; a router must fail loudly instead. Only the
+        # workers of one tier process share it, on purpose (cli.workers checks that the
+        # port was free before they start).
+        ("grpc.so_reuseport", 1 if reuse_port else 0),
         ("grpc.max_receive_message_length", limits.max_message_bytes),
         ("grpc.max_send_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_metadata_size", limits.max_metadata_bytes),
@@ -123,7 +130,9 @@ class V2Server:
         self.port = endpoint.port
         self.health = health.aio.HealthServicer()
         self._server = grpc.aio.server(
-            options=server_options(self.limits, keepalive, edge=edge),
+            options=server_options(
+                self.limits, keepalive, edge=edge, reuse_port=endpoint.reuse_port
+            ),
             interceptors=list(interceptors),
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
