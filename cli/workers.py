@@ -24,8 +24,9 @@ the topology as worker ``index`` sees it:
 * **summaries**: each local worker publishes the zone's summary as a replica (its own
   source id), every GPU's slots whole and only its own requests busy, and the regional
   tier's ``combine_replicas`` takes the slots once and adds the busy ones up. Only
-  regional worker 0 publishes the region's summary (all would publish the same
-  aggregate, which the global tier would add up N times).
+  regional worker 0 publishes the region's summary: the others' would be the same
+  aggregate (the global tier takes the newest of a region's replicas, never a sum),
+  N times the Redis traffic for nothing.
 * **the edge's tenant quotas and concurrency caps are already shared through Redis**;
   with Redis down each global worker falls back to its 1/N share.
 

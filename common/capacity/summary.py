@@ -71,13 +71,18 @@ def combine_replicas(
 ) -> capacity_pb2.CapacitySummary:
     """One summary for several replicas of one tier in front of the *same* children.
 
-    The children's counts (GPUs, slots, throughput) are the same in every
-    replica's view, so they are taken once (the largest); each replica's own
-    busy slots and queue add up; what the GPUs report waiting is counted once.
+    A zone's replicas (local tiers, ``--workers``) each count the GPUs' slots whole
+    and their own requests busy: the children's counts (GPUs, slots, throughput)
+    are taken once (the largest); each replica's busy slots and queue add up; what
+    the GPUs report waiting is counted once. A region's replicas each aggregate the
+    same zones' summaries, whose busy slots already count every request: adding them
+    would count each request once per replica, so the newest is the region's.
     """
     if len(replicas) == 1:
         return replicas[0]
     newest = max(replicas, key=lambda r: r.timestamp_ms)
+    if not any(r.zone for r in replicas):
+        return newest
     combined = capacity_pb2.CapacitySummary()
     combined.CopyFrom(newest)
     del combined.models[:]

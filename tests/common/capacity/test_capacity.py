@@ -245,10 +245,11 @@ def replica(
         queued_requests=tier_queued + gpu_waiting,
         token_throughput_capacity=8000,
     )
-    return capacity_pb2.CapacitySummary(source_id=source, sequence=1, models=[entry])
+    return capacity_pb2.CapacitySummary(source_id=source, sequence=1, zone="r-1a", models=[entry])
 
 
 def test_replicas_of_one_tier_are_combined_without_double_counting() -> None:
+    """A zone's replicas (local tiers, ``--workers``) each count their own requests."""
     (entry,) = combine_replicas([replica("a", 10, 2, 5), replica("b", 20, 3, 4)]).models
     # The same 4 GPUs and 64 slots, seen by both replicas: counted once.
     assert (entry.healthy_gpus, entry.total_gpus, entry.total_slots) == (4, 4, 64)
@@ -257,6 +258,16 @@ def test_replicas_of_one_tier_are_combined_without_double_counting() -> None:
     assert (entry.busy_slots, entry.free_slots) == (30, 34)
     assert entry.queued_requests == 5 + 5
     assert entry.utilisation == pytest.approx(30 / 64)
+
+
+def test_replicas_of_a_regional_tier_are_the_newest_not_a_sum() -> None:
+    """Two regional replicas aggregate the same zones' summaries: the busy slots in
+    each are every request there, so the newest stands for the region."""
+    older, newer = replica("a", 10, 2, 5), replica("b", 12, 2, 5)
+    for summary, at in ((older, 1000), (newer, 2000)):
+        summary.zone, summary.timestamp_ms = "", at
+    (entry,) = combine_replicas([older, newer]).models
+    assert (entry.busy_slots, entry.free_slots, entry.queued_requests) == (12, 52, 7)
 
 
 def test_significant_change() -> None:
