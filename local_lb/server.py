@@ -93,9 +93,8 @@ def zone_summary(
     fleet) over every GPU, so the sums are kept in plain numbers per model and written
     to the message once, and a zone whose GPUs all serve the same models (the usual
     one) is summed in one pass without per-model bookkeeping. ``estimated_wait_s`` is
-    the queue's expected wait plus the work in flight over the zone's hardware
-    throughput: what the tiers above compare with RTT. A GPU's slots count whole, only
-    this process's requests busy: ``--workers`` replicas combine (``GpuChild.whole_slots``)."""
+    the queue's wait plus the work in flight over the zone's hardware throughput. A GPU's
+    slots count whole, only this process's requests busy (``GpuChild.whole_slots``)."""
     now = time.monotonic() if now is None else now
     gpus = view.gpus
     models = gpus[0].models if gpus else frozenset()
@@ -212,10 +211,9 @@ def _model_capacity(
     if queued and drain:
         entry.estimated_wait_s = queued / drain
     if acc.throughput:
-        # The work in flight, drained at the zone's hardware capacity: under continuous
-        # batching a busier zone is a slower one long before a request must queue. Not
-        # the learned rates: those are throughput at the batch each GPU happened to run,
-        # so a lightly loaded zone looked slow and its wait long (as in local_lb.cost).
+        # The work in flight, drained at the zone's hardware capacity (not the learned
+        # rates, throughput at whatever batch ran: a quiet zone looked slow), so under
+        # continuous batching a busier zone is a slower one before a request must queue.
         entry.estimated_wait_s += acc.backlog / acc.throughput
     return entry
 

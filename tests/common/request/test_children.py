@@ -38,7 +38,7 @@ def summary(source: str, seq: int, healthy: int, busy: int = 0) -> capacity_pb2.
         busy_slots=busy,
         free_slots=16 - busy,
     )
-    return capacity_pb2.CapacitySummary(source_id=source, sequence=seq, models=[entry])
+    return capacity_pb2.CapacitySummary(source_id=source, sequence=seq, zone="z", models=[entry])
 
 
 def test_stale_summary_reads_as_unknown_never_as_empty() -> None:
