@@ -15,7 +15,10 @@ OTHER = "other"
 
 def _view() -> LocalView:
     a, b, c, d = gpus(4, slots=4, models=frozenset({M, OTHER}))
-    a.rate, b.rate, c.rate, d.rate = 100.0, 250.0, 400.0, 800.0
+    # Hardware speeds giving 100, 250, 400 and 800 work/s of capacity; the learned rates
+    # (throughput at whatever batch ran) are not the zone's capacity.
+    a.speed, b.speed, c.speed, d.speed = 0.05, 0.125, 0.2, 0.4
+    a.rate, b.rate, c.rate, d.rate = 1.0, 2.0, 3.0, 4.0
     a.outstanding_requests, b.outstanding_requests, c.outstanding_requests = 3, 6, 1
     a.latency_ewma_s, b.latency_ewma_s = 2.0, 0.5
     d.healthy = False  # counted among the GPUs, not in the capacity
