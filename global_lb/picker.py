@@ -127,7 +127,8 @@ class RegionPicker:
             if entry is None:
                 wait_ms, avail = UNKNOWN_WAIT_MS, ramp
             else:
-                wait_ms = 1000.0 * expected_wait_s(entry, sent_since_report(region), work)
+                sent, held = sent_since_report(region), region.outstanding_requests
+                wait_ms = 1000.0 * expected_wait_s(entry, sent, work, held)
                 avail = availability(
                     entry.healthy_gpus + entry.unknown_children,
                     entry.total_gpus + entry.unknown_children,

@@ -103,4 +103,5 @@ class ZonePicker:
             return rtt + UNKNOWN_WAIT_MS
         if entry.total_slots and headroom_in(zone, entry) <= 0:
             return rtt + FULL_ZONE_MS + 1000.0 * entry.estimated_wait_s
-        return rtt + 1000.0 * expected_wait_s(entry, sent_since_report(zone), work)
+        sent, held = sent_since_report(zone), zone.outstanding_requests
+        return rtt + 1000.0 * expected_wait_s(entry, sent, work, held)

@@ -221,6 +221,10 @@ def test_expected_wait_grows_with_what_was_sent_even_from_idle() -> None:
         token_throughput_capacity=10_000.0,
     )
     assert expected_wait_s(busy, 20, 500.0) == pytest.approx(2.0)
+    # Never below this parent's own requests in flight there, however new the report:
+    # what was sent while it was being made is in neither it nor the count since.
+    assert expected_wait_s(idle, 0, 500.0, in_flight=60) == pytest.approx(3.0)
+    assert expected_wait_s(busy, 20, 500.0, in_flight=10) == pytest.approx(2.0)
     # No capacity in the report (an older peer's hint): in proportion to busy slots.
     busy.token_throughput_capacity = 0.0
     assert expected_wait_s(busy, 32, 500.0) == pytest.approx(2.0)
