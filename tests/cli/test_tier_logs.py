@@ -4,65 +4,22 @@ each once."""
 
 from __future__ import annotations
 
-import json
-import signal
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import yaml
 
 from cli.launcher import resolve_ports
 from common.basics.redis_embed import EmbeddedRedis
+from tests.cli.procs import CliProcess
 from tests.conftest import small_fleet_spec
 
-ROOT = Path(__file__).resolve().parents[2]
 KEYS = ("timestamp", "level", "logger", "message")
 
 
-class Process:
-    """A ``python -m cli.main`` process, its stdout and stderr in files of their own."""
-
-    def __init__(self, argv: list[str], out: Path) -> None:
-        self.stdout, self.stderr = out.with_suffix(".out"), out.with_suffix(".err")
-        with self.stdout.open("wb") as o, self.stderr.open("wb") as e:
-            cmd = [sys.executable, "-m", "cli.main", *argv]
-            self.popen = subprocess.Popen(cmd, cwd=ROOT, stdout=o, stderr=e)
-
-    def lines(self) -> list[dict[str, Any]]:
-        return [json.loads(line) for line in self.stderr.read_text().splitlines()]
-
-    def stop(self) -> int:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(20)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        return self.popen.returncode
-
-
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[[list[str], str], Process]]:
-    started: list[Process] = []
-
-    def start(argv: list[str], name: str) -> Process:
-        started.append(Process(argv, tmp_path / name))
-        return started[-1]
-
-    try:
-        yield start
-    finally:
-        for proc in reversed(started):
-            proc.stop()
-
-
-def wait_for(proc: Process, event: str, timeout_s: float = 30.0) -> dict[str, Any]:
+def wait_for(proc: CliProcess, event: str, timeout_s: float = 30.0) -> dict[str, Any]:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         assert proc.popen.poll() is None, proc.stderr.read_text()
@@ -74,7 +31,7 @@ def wait_for(proc: Process, event: str, timeout_s: float = 30.0) -> dict[str, An
 
 
 def test_a_tier_writes_only_json_lines_with_its_events(
-    tmp_path: Path, redis_server: EmbeddedRedis, launch: Callable[[list[str], str], Process]
+    tmp_path: Path, redis_server: EmbeddedRedis, launch: Callable[[list[str], str], CliProcess]
 ) -> None:
     spec = resolve_ports(small_fleet_spec(regions=1, zones=1, gpus=1))
     spec["redis_url"] = redis_server.url
@@ -96,7 +53,7 @@ def test_a_tier_writes_only_json_lines_with_its_events(
     assert local.stop() == 0
     worker.stop()
 
-    lines = local.lines()  # every line parsed as JSON, or this raised
+    lines = local.lines(strict=True)  # every line parsed as JSON, or this raised
     assert lines and all(all(key in line for key in KEYS) for line in lines)
     events = [line.get("event") for line in lines]
     for event in ("tier_started", "child_down", "child_up", "tier_stopping", "tier_stopped"):

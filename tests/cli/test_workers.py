@@ -11,7 +11,6 @@ fail before any worker starts, naming the flag or key.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import socket
@@ -21,7 +20,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -40,9 +39,10 @@ from common.gen.meridian.v1 import admin_pb2 as apb
 from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.v2 import generate_request, response_text
+from tests.cli.conftest import Launch
+from tests.cli.procs import ROOT, CliProcess
 from tests.conftest import small_fleet_spec
 
-ROOT = Path(__file__).resolve().parents[2]
 SLOTS = 4  # the GPU's max_concurrency: 2 slots per worker
 MODEL = "demo-llm"
 # Long enough that requests overlap on the GPU (emulated time, TEST_TIME_SCALE).
@@ -64,38 +64,6 @@ def two_free_ports() -> int:
     raise AssertionError("no two consecutive free ports")
 
 
-class Proc:
-    """A ``python -m cli.main`` process, its stderr in a file."""
-
-    def __init__(self, argv: list[str], out: Path) -> None:
-        self.stderr = out.with_suffix(".err")
-        with self.stderr.open("wb") as e:
-            cmd = [sys.executable, "-m", "cli.main", *argv]
-            self.popen = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=e)
-
-    def lines(self) -> list[dict[str, Any]]:
-        out = []
-        for line in self.stderr.read_text().splitlines():
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue
-        return out
-
-    def events(self, event: str) -> list[dict[str, Any]]:
-        return [line for line in self.lines() if line.get("event") == event]
-
-    def stop(self) -> int:
-        if self.popen.poll() is None:
-            self.popen.send_signal(signal.SIGTERM)
-            try:
-                self.popen.wait(30)
-            except subprocess.TimeoutExpired:
-                self.popen.kill()
-                self.popen.wait()
-        return self.popen.returncode
-
-
 @pytest.fixture
 def zone(tmp_path: Path, redis_server: EmbeddedRedis) -> dict[str, Any]:
     spec = resolve_ports(small_fleet_spec(regions=1, zones=1, gpus=1))
@@ -107,21 +75,6 @@ def zone(tmp_path: Path, redis_server: EmbeddedRedis) -> dict[str, Any]:
     config.write_text(yaml.safe_dump(spec))
     where = ["--config", str(config), "--region", spec["regions"][0]["name"], "--zone", z["name"]]
     return {"spec": spec, "zone": z, "where": where, "config": config}
-
-
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[[list[str], str], Proc]]:
-    started: list[Proc] = []
-
-    def start(argv: list[str], name: str) -> Proc:
-        started.append(Proc(argv, tmp_path / name))
-        return started[-1]
-
-    try:
-        yield start
-    finally:
-        for proc in reversed(started):
-            proc.stop()
 
 
 def ops_port(zone: dict[str, Any], worker: int) -> int:
@@ -183,7 +136,7 @@ def call(address: str, prompt: str) -> str:
         return response_text(reply)
 
 
-def start_zone(zone: dict[str, Any], launch: Callable[[list[str], str], Proc]) -> Proc:
+def start_zone(zone: dict[str, Any], launch: Launch) -> CliProcess:
     launch(["worker", *zone["where"]], "gpus")
     local = launch(
         ["local", *zone["where"], "--workers", "2", "--grace", "20", "--log-format", "json"],
@@ -194,7 +147,7 @@ def start_zone(zone: dict[str, Any], launch: Callable[[list[str], str], Proc]) -
 
 
 def test_two_workers_share_the_port_and_never_exceed_a_gpus_slots(
-    zone: dict[str, Any], launch: Callable[[list[str], str], Proc], redis_server: EmbeddedRedis
+    zone: dict[str, Any], launch: Launch, redis_server: EmbeddedRedis
 ) -> None:
     local = start_zone(zone, launch)
     address = zone["zone"]["listen"]
@@ -241,7 +194,7 @@ def test_two_workers_share_the_port_and_never_exceed_a_gpus_slots(
 
 
 def test_sigterm_stops_both_workers_and_loses_no_call_in_flight(
-    zone: dict[str, Any], launch: Callable[[list[str], str], Proc]
+    zone: dict[str, Any], launch: Launch
 ) -> None:
     local = start_zone(zone, launch)
     (started,) = local.events("workers_started")
@@ -262,7 +215,7 @@ def test_sigterm_stops_both_workers_and_loses_no_call_in_flight(
 
 
 def test_admin_changes_are_refused_since_they_would_reach_one_worker(
-    zone: dict[str, Any], launch: Callable[[list[str], str], Proc]
+    zone: dict[str, Any], launch: Launch
 ) -> None:
     start_zone(zone, launch)
     gpu = zone["zone"]["gpus"][0]["name"]
@@ -285,7 +238,7 @@ def test_admin_changes_are_refused_since_they_would_reach_one_worker(
 
 
 def test_a_killed_worker_is_restarted_and_the_other_serves_meanwhile(
-    zone: dict[str, Any], launch: Callable[[list[str], str], Proc]
+    zone: dict[str, Any], launch: Launch
 ) -> None:
     local = start_zone(zone, launch)
     (started,) = local.events("workers_started")
@@ -305,7 +258,7 @@ def test_a_killed_worker_is_restarted_and_the_other_serves_meanwhile(
 
 
 def test_a_worker_that_keeps_dying_stops_the_supervisor(
-    zone: dict[str, Any], launch: Callable[[list[str], str], Proc]
+    zone: dict[str, Any], launch: Launch
 ) -> None:
     local = start_zone(zone, launch)
     (started,) = local.events("workers_started")

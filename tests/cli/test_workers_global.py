@@ -8,11 +8,10 @@ from __future__ import annotations
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import pytest
 import redis
 import yaml
 
@@ -20,23 +19,9 @@ from cli.launcher import resolve_ports
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.capacity.streams import SUMMARY_FIELD, region_stream
 from common.gen.meridian.v1 import capacity_pb2
-from tests.cli.test_workers import MODEL, Proc, call, http_get, two_free_ports
+from tests.cli.conftest import Launch
+from tests.cli.test_workers import MODEL, call, http_get, two_free_ports
 from tests.conftest import small_fleet_spec
-
-
-@pytest.fixture
-def launch(tmp_path: Path) -> Iterator[Callable[[list[str], str], Proc]]:
-    started: list[Proc] = []
-
-    def start(argv: list[str], name: str) -> Proc:
-        started.append(Proc(argv, tmp_path / name))
-        return started[-1]
-
-    try:
-        yield start
-    finally:
-        for proc in reversed(started):
-            proc.stop()
 
 
 def served(ops: int) -> float:
@@ -69,7 +54,7 @@ def completion(openai: str, prompt: str) -> dict[str, Any]:
 
 
 def test_two_global_workers_serve_v2_and_openai_each_counting_its_own(
-    tmp_path: Path, redis_server: EmbeddedRedis, launch: Callable[[list[str], str], Proc]
+    tmp_path: Path, redis_server: EmbeddedRedis, launch: Launch
 ) -> None:
     spec = resolve_ports(small_fleet_spec(regions=1, zones=1, gpus=1))
     spec["redis_url"] = redis_server.url
