@@ -270,16 +270,25 @@ async def measure(
     }
 
 
-def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    def med(values: list[Any]) -> float | None:
-        got = [v for v in values if v is not None]
-        return statistics.median(got) if got else None
+def med(values: list[Any]) -> float | None:
+    """The median of the values a round measured (None where it measured none)."""
+    got = [v for v in values if v is not None]
+    return statistics.median(got) if got else None
 
+
+def closed_loop_medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    """What every closed-loop round measures, over the rounds: rate, latency, errors."""
     return {
         "rps": med([r["rps"] for r in rounds]),
         "p50_ms": med([r["p50_ms"] for r in rounds]),
         "p99_ms": med([r["p99_ms"] for r in rounds]),
         "errors": sum(r["errors"] for r in rounds),
+    }
+
+
+def medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        **closed_loop_medians(rounds),
         **{
             kind: {p: med([r[kind][p] for r in rounds]) for p in rounds[0][kind]}
             for kind in ("cpu_us_per_request", "net_cpu_us_per_request")

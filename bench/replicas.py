@@ -27,7 +27,6 @@ import copy
 import json
 import os
 import platform
-import statistics
 import sys
 import tempfile
 import time
@@ -36,7 +35,16 @@ from typing import Any
 
 import yaml
 
-from bench.hop_cost import RESULTS, TENANT, Target, closed_loop, cpu_seconds, fleet_spec
+from bench.hop_cost import (
+    RESULTS,
+    TENANT,
+    Target,
+    closed_loop,
+    closed_loop_medians,
+    cpu_seconds,
+    fleet_spec,
+    med,
+)
 from cli.launcher import Fleet, TierProcess
 from cli.readiness import tier_ready
 from common.basics.redis_embed import free_port
@@ -169,15 +177,8 @@ async def run(bench: Replicas, dns: LoopbackDns, args: argparse.Namespace) -> di
 
 
 def _medians(rounds: list[dict[str, Any]]) -> dict[str, Any]:
-    def med(values: list[Any]) -> float | None:
-        got = [v for v in values if v is not None]
-        return statistics.median(got) if got else None
-
     return {
-        "rps": med([r["rps"] for r in rounds]),
-        "p50_ms": med([r["p50_ms"] for r in rounds]),
-        "p99_ms": med([r["p99_ms"] for r in rounds]),
-        "errors": sum(r["errors"] for r in rounds),
+        **closed_loop_medians(rounds),
         "cpu_us_per_request": med([r["cpu_us_per_request"] for r in rounds]),
         "load_average_1m": med([r["load_average_1m"] for r in rounds]),
         "cpu_s": {n: med([r["cpu_s"][n] for r in rounds]) for n in rounds[0]["cpu_s"]},
