@@ -87,6 +87,16 @@ def gpu_completion_s(gpu: GpuChild, work: float, shared_with: float) -> float:
     return work * (shared_with + 1.0) / rate
 
 
+def capacity_work_per_s(gpu: GpuChild) -> float:
+    """What ``gpu`` can do in a second, the unit of a zone's wait: its learned rate or
+    its hardware speed (class × throttle × the operator's weight, in A100 work per
+    second), whichever is more. The learned rate alone is throughput at whatever batch
+    the GPU happened to run, so a quiet zone looked slow and kept its clients away
+    (the fleet simulator); the hardware figure alone is a model's constant, wrong for a
+    GPU faster than it (an emulated GPU at a time scale, a newer class)."""
+    return max(gpu.rate, gpu.speed * A100_WORK_PER_S * gpu.weight)
+
+
 def attempt_expected_s(gpu: GpuChild, work: float, work_ahead: float) -> float:
     """How long one attempt of ``work`` takes on ``gpu`` at its normal speed: the basis
     of its per-try timeout (``common.config.liveness.PerTryTimeout``).

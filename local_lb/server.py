@@ -32,7 +32,7 @@ from common.tier.server import TierServer, source_id
 from common.tier.wiring import summary_publisher, tier_children
 from local_lb.admin import LocalAdmin, local_admin
 from local_lb.balancer import LocalBalancer
-from local_lb.cost import A100_WORK_PER_S, drain_rps
+from local_lb.cost import A100_WORK_PER_S, capacity_work_per_s, drain_rps
 from local_lb.ext_proc import extproc_services
 from local_lb.load import BackendMonitor, MonitoredGpu
 from local_lb.openai_stub import OpenAIPool, stub_for
@@ -130,7 +130,7 @@ def _sums_of_one(view: LocalView, now: float) -> _ModelSums:
         slots_total += whole
         inflight = gpu.outstanding_requests
         busy += inflight if inflight <= slots else slots
-        throughput += gpu.speed * A100_WORK_PER_S * gpu.weight
+        throughput += capacity_work_per_s(gpu)
         backlog += gpu.outstanding_work
         drain += slots / (gpu.latency_ewma_s or 1.0)
         sample = samples.get(gpu.name)
@@ -163,7 +163,7 @@ def _sums_per_model(view: LocalView, now: float) -> dict[str, _ModelSums]:
             acc.healthy_gpus += 1
             acc.total_slots += gpu.whole_slots
             acc.busy += min(gpu.outstanding_requests, gpu.slots)
-            acc.throughput += gpu.speed * A100_WORK_PER_S * gpu.weight
+            acc.throughput += capacity_work_per_s(gpu)
             acc.backlog += gpu.outstanding_work
             if sample is not None:
                 acc.queued += int(sample.waiting)
@@ -211,8 +211,7 @@ def _model_capacity(
     if queued and drain:
         entry.estimated_wait_s = queued / drain
     if acc.throughput:
-        # The work in flight, drained at the zone's hardware capacity (not the learned
-        # rates, throughput at whatever batch ran: a quiet zone looked slow), so under
+        # The work in flight, drained at the zone's capacity (local_lb.cost), so under
         # continuous batching a busier zone is a slower one before a request must queue.
         entry.estimated_wait_s += acc.backlog / acc.throughput
     return entry

@@ -8,6 +8,7 @@ from local_lb.cost import (
     PREFILL_WEIGHT,
     STALE_BUSY_FRACTION,
     attempt_expected_s,
+    capacity_work_per_s,
     drain_rps,
     ewma,
     gpu_completion_s,
@@ -17,6 +18,17 @@ from local_lb.cost import (
     sharing,
 )
 from local_lb.state import GpuChild
+
+
+def test_a_gpus_capacity_is_its_learned_rate_or_its_hardware_whichever_is_more() -> None:
+    gpu = GpuChild(name="g", endpoint=Endpoint("127.0.0.1", 1), models=frozenset({"m"}))
+    gpu.speed, gpu.weight = 2.0, 1.0
+    gpu.rate = 300.0  # learned at a batch of one or two: not what it can do
+    assert capacity_work_per_s(gpu) == 2.0 * A100_WORK_PER_S
+    gpu.rate = 9000.0  # faster than the model of its class (a time scale, a newer part)
+    assert capacity_work_per_s(gpu) == 9000.0
+    gpu.rate, gpu.weight = 300.0, 0.5  # the operator's weight scales the hardware figure
+    assert capacity_work_per_s(gpu) == A100_WORK_PER_S
 
 
 def test_request_work_counts_decode_and_cheap_prefill() -> None:
