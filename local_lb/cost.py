@@ -11,12 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from common.request.pick import PREFILL_WEIGHT
+# Defined with PickRequest.work (the unit of every tier's work figures), re-exported.
+from common.request.pick import PREFILL_WEIGHT as PREFILL_WEIGHT
 
 if TYPE_CHECKING:
     from local_lb.state import GpuChild
 
-__all__ = ["PREFILL_WEIGHT"]  # defined with PickRequest.work, the unit of every tier
 # Work (decode-token equivalents) per second of one A100 at a full batch: the seed of
 # each GPU's learned rate and the unit of its hardware speed.
 A100_WORK_PER_S = 2000.0
