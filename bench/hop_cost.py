@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import socket
@@ -350,13 +349,12 @@ def main() -> None:
         finally:
             bench.stop()
     from bench.hop_report import markdown
+    from bench.report import write_json_and_markdown
 
     text = markdown(result, RESULTS)
     print(text)
     if not args.no_write:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
-        (RESULTS / f"{args.out}.md").write_text(text)
+        write_json_and_markdown(RESULTS, args.out, result, text)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
-import json
 import os
 import platform
 import sys
@@ -45,6 +44,7 @@ from bench.hop_cost import (
     fleet_spec,
     med,
 )
+from bench.report import write_json_and_markdown
 from cli.launcher import Fleet, TierProcess
 from cli.readiness import tier_ready
 from common.basics.redis_embed import free_port
@@ -252,9 +252,7 @@ def main() -> None:
     text = markdown(result)
     print(text)
     if not args.no_write:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / f"{args.out}.json").write_text(json.dumps(result, indent=2) + "\n")
-        (RESULTS / f"{args.out}.md").write_text(text)
+        write_json_and_markdown(RESULTS, args.out, result, text)
 
 
 if __name__ == "__main__":

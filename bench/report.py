@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import json
 import math
 import os
 import platform
@@ -58,3 +59,10 @@ def pct(values: Sequence[float], q: float) -> float | None:
         return None
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, max(0, math.ceil(q * len(ordered)) - 1))]
+
+
+def write_json_and_markdown(directory: Path, name: str, result: Any, text: str) -> None:
+    """``name.json`` (the figures) and ``name.md`` (the table printed) in ``directory``."""
+    directory.mkdir(exist_ok=True)
+    (directory / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (directory / f"{name}.md").write_text(text)
