@@ -39,6 +39,7 @@ from typing import Any
 from bench.data_plane_load import ProcCpu
 from bench.data_plane_report import goals, markdown
 from bench.data_plane_stack import BENCH_ROOT, COMPARED, Row, Stack
+from bench.report import write_json_and_markdown
 
 RESULTS = Path(__file__).parent / "results"
 MODES = ("unary", "stream")
@@ -252,9 +253,7 @@ def main() -> None:
     text = markdown(result)
     print(text)
     if not args.no_write:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-        (RESULTS / f"{args.name}.md").write_text(text)
+        write_json_and_markdown(RESULTS, args.name, result, text)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.report import machine, revision
+from bench.report import machine, revision, write_json_and_markdown
 from tests.multihost.fleet import FleetShape, MultiHostFleet
 from tests.multihost.hosts import unavailable
 from tests.multihost.scenario import GRACE_S, PartitionRun, Phases, partition, redis_cut
@@ -194,9 +194,7 @@ def main(argv: list[str] | None = None) -> int:
     print_timeline(result["partitions"][0], result["meta"]["regions"])
     print(json.dumps(result["summary"], indent=2))
     if not args.no_write:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "partition.json").write_text(json.dumps(result, indent=2) + "\n")
-        (RESULTS / "partition.md").write_text(markdown(result))
+        write_json_and_markdown(RESULTS, "partition", result, markdown(result))
         print(f"wrote {RESULTS / 'partition.json'} and {RESULTS / 'partition.md'}")
     return 0
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import platform
 import statistics
@@ -32,6 +31,7 @@ from typing import Any
 import grpc
 from opentelemetry import trace
 
+from bench.report import write_json_and_markdown
 from common.basics.redis_embed import EmbeddedRedis
 from common.config.topology import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
@@ -200,9 +200,7 @@ def main() -> None:
     text = markdown(result)
     print(text)
     if not args.no_write:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "tracing_overhead.json").write_text(json.dumps(result, indent=2) + "\n")
-        (RESULTS / "tracing_overhead.md").write_text(text)
+        write_json_and_markdown(RESULTS, "tracing_overhead", result, text)
 
 
 if __name__ == "__main__":

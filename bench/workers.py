@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
 import os
 import tempfile
 import time
@@ -38,6 +37,7 @@ from typing import Any
 from bench.data_plane import MODES, RESULTS, _median, _pooled, check_rows, git_head, measure
 from bench.data_plane_fleet import pin
 from bench.data_plane_stack import BENCH_ROOT, WORKER_CONNECTIONS, Row, Stack
+from bench.report import write_json_and_markdown
 
 DIRECT = "direct to the GPUs"
 ONE = "1 worker, 1 connection"
@@ -206,9 +206,7 @@ def main() -> None:
     text = markdown(result)
     print(text)
     if not args.no_write:
-        RESULTS.mkdir(exist_ok=True)
-        (RESULTS / "workers.json").write_text(json.dumps(result, indent=2) + "\n")
-        (RESULTS / "workers.md").write_text(text)
+        write_json_and_markdown(RESULTS, "workers", result, text)
 
 
 if __name__ == "__main__":
