@@ -239,6 +239,11 @@ class SimGpu:
         self._timer = None
         self._timer_k = 1 << 62
 
+    def busy_until(self, now: float) -> float:
+        """``busy_s`` with the step under way counted up to ``now`` (``sim.busy_window``)."""
+        self._account(now)
+        return self.busy_s
+
     def _account(self, now: float) -> None:
         """Add the time since the segment's start (or the last account) to the integrals."""
         if self._heap:

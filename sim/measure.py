@@ -11,7 +11,8 @@ call instead of one per string. Everything else is computed once, in
 Choices the figures rest on:
 - Requests arriving before ``warmup_s`` are not counted anywhere. The GPUs'
   integrals (busy time, slots, prompt and cached tokens) are cumulative, so
-  utilisation and the prefix hit rate cover the whole run: ``busy_s / duration_s``.
+  utilisation and the prefix hit rate cover the whole run: ``busy_s / duration_s``;
+  ``loaded_shares`` (``sim.busy_window``) gives utilisation while the load lasts.
 - Percentiles are exact over the served requests; goodput is a share of the
   *offered* requests, so a failed request counts against it.
 - The RTT added by leaving home is ``rtt_ms`` minus the RTT from the client's city
@@ -204,6 +205,7 @@ class Recorder:
         events: Sequence[tuple[float, str]] = (),
         rtt_home_ms: Callable[[str, str], float] | None = None,
         crowd: Crowd | None = None,
+        loaded_shares: Sequence[float] | None = None,
     ) -> PolicyResult:
         """Every figure of the run (see the module docstring for what each rests on)."""
         if not (math.isfinite(duration_s) and duration_s > self.warmup_s):
@@ -246,6 +248,8 @@ class Recorder:
             timeline=timeline,
             recoveries=[recovery_after(timeline, at, label) for at, label in events],
             herding=herding_of(timeline, crowd) if crowd else None,
+            util_loaded_mean=_mean(loaded_shares) if loaded_shares else None,
+            util_loaded_p10=percentile(sorted(loaded_shares), 0.1) if loaded_shares else None,
         )
 
     def _latency(self, offered: int) -> _Latency:
@@ -325,6 +329,10 @@ def _share(part: float, whole: int) -> float | None:
     return part / whole if whole else None
 
 
+def _mean(values: Sequence[float]) -> float | None:
+    return math.fsum(values) / len(values) if values else None
+
+
 def _utilisation(gpus: Sequence[GpuTotals], duration_s: float) -> _Utilisation:
     """Per GPU, busy time over the run's duration: mean, P10, P90, spread, its CDF;
     slot occupancy; the prefix-cache hit rate over every GPU's prompt tokens."""
@@ -332,7 +340,7 @@ def _utilisation(gpus: Sequence[GpuTotals], duration_s: float) -> _Utilisation:
     slots = [g.slot_s / (g.cfg.max_concurrency * duration_s) for g in gpus]
     prompt = sum(g.prompt_tokens_total for g in gpus)
     return {
-        "util_mean": math.fsum(util) / len(util) if util else None,
+        "util_mean": _mean(util),
         "util_p10": percentile(util, 0.1),
         "util_p90": percentile(util, 0.9),
         "util_std": pstdev(util),

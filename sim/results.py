@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 # The figures ``ratio_to`` compares with the oracle's, in the order reports use.
@@ -25,6 +25,7 @@ HEADLINE: tuple[str, ...] = (
     "goodput_e2e",
     "goodput",
     "util_mean",
+    "util_loaded_mean",
     "util_std",
     "prefix_hit_rate",
     "cross_region_share",
@@ -131,6 +132,10 @@ class PolicyResult:
     timeline: Timeline
     recoveries: list[Recovery]
     herding: Herding | None
+    # Busy share from the warm-up's end to the last arrival (``sim.busy_window``);
+    # None in results written before it was measured.
+    util_loaded_mean: float | None = None
+    util_loaded_p10: float | None = None
 
     @property
     def failed_total(self) -> int:
@@ -153,8 +158,9 @@ class PolicyResult:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PolicyResult:
         known = {f.name for f in fields(cls)}
+        required = {f.name for f in fields(cls) if f.default is MISSING}
         unknown = sorted(set(data) - known)
-        missing = sorted(known - set(data))
+        missing = sorted(required - set(data))
         if unknown or missing:
             raise ValueError(f"PolicyResult JSON: unknown keys {unknown}, missing keys {missing}")
         values = dict(data)

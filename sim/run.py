@@ -20,6 +20,7 @@ from typing import Any
 from common.basics.geo import GeoPoint, rtt_estimate_ms
 from common.config.topology import Topology
 from sim.capacity import fleet_capacity_rps
+from sim.busy_window import BusyWindow
 from sim.clock import run_simulated
 from sim.deployment import SimDeployment, SimSettings
 from sim.flash import Crowd
@@ -163,6 +164,9 @@ async def _run(
         serve = flow.serve
         sim_gpus = deployment.gpus
     events = _schedule_events(spec, duration, sim_gpus, deployment, loop)
+    loaded = BusyWindow(sim_gpus, recorder.warmup_s, duration)
+    loop.call_at(loaded.start_s, loaded.begin)
+    loop.call_at(loaded.end_s, loaded.end)
     await _feed(arrivals, serve, loop, progress)
     if deployment is not None:
         deployment.stop()
@@ -170,7 +174,13 @@ async def _run(
     if spec.scenario.crowd is not None:
         start = spec.scenario.crowd.at * duration
         crowd = Crowd(target_region(spec.topology).name, start, start + spec.scenario.crowd.seconds)
-    result = recorder.finish(sim_gpus, duration_s=loop.time(), events=events, crowd=crowd)
+    result = recorder.finish(
+        sim_gpus,
+        duration_s=loop.time(),
+        events=events,
+        crowd=crowd,
+        loaded_shares=loaded.shares,
+    )
     return result, events
 
 

@@ -91,6 +91,7 @@ COLUMNS: tuple[Column, ...] = (
     Column("e2e P99", _field("e2e_p99_s"), seconds, "low"),
     Column("goodput", _field("goodput"), percent, "high"),
     Column("util mean", _field("util_mean"), percent, "high"),
+    Column("util loaded", _field("util_loaded_mean"), percent, "high"),
     Column("util σ", _field("util_std"), points, "low"),
     Column("prefix hits", _field("prefix_hit_rate"), percent, "high"),
     Column("cross-region", _field("cross_region_share"), percent, None),

@@ -166,6 +166,23 @@ def test_utilisation_slot_occupancy_and_prefix_hit_rate_from_the_gpus() -> None:
     assert result.prefix_hit_rate == pytest.approx(1000 / 4000)
 
 
+def test_utilisation_while_loaded_is_the_windows_shares_and_unknown_without_them() -> None:
+    rec = Recorder(slo=Slo())
+    serve(rec, request(0, 1.0), 0.1, 1.0)
+    result = rec.finish(GPUS, duration_s=20.0, loaded_shares=[0.9, 1.0, 0.6, 0.95])
+    assert result.util_loaded_mean == pytest.approx(statistics.fmean([0.9, 1.0, 0.6, 0.95]))
+    # Sorted 0.6, 0.9, 0.95, 1.0: P10 at rank 0.3.
+    assert result.util_loaded_p10 == pytest.approx(0.6 + 0.3 * (0.9 - 0.6))
+    assert result.ratio_to(result)["util_loaded_mean"] == pytest.approx(1.0)
+    unknown = rec.finish(GPUS, duration_s=20.0)
+    assert unknown.util_loaded_mean is None and unknown.util_loaded_p10 is None
+    # Results written before the window was measured still read back, as unknown.
+    data = result.to_json()
+    del data["util_loaded_mean"], data["util_loaded_p10"]
+    back = PolicyResult.from_json(data)
+    assert back.util_loaded_mean is None and back.e2e_p99_s == result.e2e_p99_s
+
+
 def test_the_utilisation_cdf_keeps_at_most_200_points_first_and_last_included() -> None:
     gpus = [FakeGpu(f"g{i}", busy_s=float(i), slot_s=0.0) for i in range(1024)]
     result = Recorder(slo=Slo()).finish(gpus, duration_s=1024.0)
