@@ -19,8 +19,8 @@ from typing import Any
 
 from common.basics.geo import GeoPoint, rtt_estimate_ms
 from common.config.topology import Topology
-from sim.capacity import fleet_capacity_rps
 from sim.busy_window import BusyWindow
+from sim.capacity import fleet_capacity_rps
 from sim.clock import run_simulated
 from sim.deployment import SimDeployment, SimSettings
 from sim.flash import Crowd

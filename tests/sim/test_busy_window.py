@@ -16,8 +16,13 @@ from sim.gpu_model import SimGpu
 
 def _gpu(loop: asyncio.AbstractEventLoop, name: str) -> SimGpu:
     cfg = GpuConfig(
-        name, Endpoint("127.0.0.1", 1), Endpoint("127.0.0.1", 2), "A100", ("m",),
-        max_concurrency=8, kv_cache_tokens=8000,
+        name,
+        Endpoint("127.0.0.1", 1),
+        Endpoint("127.0.0.1", 2),
+        "A100",
+        ("m",),
+        max_concurrency=8,
+        kv_cache_tokens=8000,
     )
     return SimGpu(cfg, loop)
 
