@@ -272,10 +272,11 @@ class LocalBalancer:
         self.tenants.took(tenant)
         if tried:
             reason = "failover"
-        elif pick.session:
-            reason = "session"
         elif cached:
             reason = "prefix"
+        elif pick.session:
+            # The session's GPU was a candidate, ranked by the same cost as the rest.
+            reason = "session"
         else:
             reason = "least expected completion"
         return Lease(

@@ -25,7 +25,11 @@ requests longer and its count grows. An operator's weight (Admin
 Candidates (power of d choices, never the whole fleet): the session's GPU
 from a consistent-hash ring with bounded loads, up to four GPUs whose prefix
 index matches the prompt, and ``sample_size`` random GPUs with a free slot.
-The session's GPU, when it has a free slot, is ranked first; the rest by cost.
+All are ranked by the same cost; the session's GPU wins a tie. It used to be
+ranked first whenever it had a free slot, and on real GPUs with sessions whose
+turns share no prefix that cost more tail latency than the rest of the policy
+won (issue 11): what a session's GPU really saves is the prefill of the
+context it caches, and the prefix index already credits that in the cost.
 """
 
 from __future__ import annotations
@@ -98,17 +102,16 @@ class CompletionTimePicker:
             else {}
         )
         candidates: dict[str, GpuChild] = {}
+        sticky = self.session_gpu(request.session, pool) if request.session else None
+        if sticky is not None:
+            candidates[sticky.name] = sticky
         for name in cached:
             gpu = self.view.by_name.get(name)
             if gpu is not None and gpu in pool:
                 candidates[name] = gpu
         for gpu in pool.sample(self.sample_size, self.rng):
             candidates[gpu.name] = gpu
-        # Ties (idle GPUs of one class) go to a random one, not always the first listed.
+        # Ties (idle GPUs of one class) go to the session's GPU, else a random one,
+        # not always the first listed.
         cost, rand = self._costs(request, cached, now), self.rng.random
-        scored = sorted(candidates.values(), key=lambda g: (cost(g), rand()))
-        if request.session:
-            sticky = self.session_gpu(request.session, pool)
-            if sticky is not None:
-                scored = [sticky, *(g for g in scored if g is not sticky)]
-        return list(scored)
+        return sorted(candidates.values(), key=lambda g: (cost(g), g is not sticky, rand()))

@@ -147,12 +147,32 @@ def test_foreign_load_reported_by_the_gpu_counts() -> None:
     assert names(picker(view).rank(request(), view.free[M], 5.0))[0] == "ours"
 
 
-def test_session_sticks_to_one_gpu() -> None:
+def test_session_sticks_to_one_gpu_while_costs_are_equal() -> None:
     view = LocalView(tuple(gpu(f"g{i}") for i in range(8)))
     p = picker(view, sample_size=2)
     first = names(p.rank(request(session="conv-1"), view.free[M], 0))[0]
     for _ in range(20):
         assert names(p.rank(request(session="conv-1"), view.free[M], 0))[0] == first
+
+
+def test_a_busier_session_gpu_loses_to_a_cheaper_one() -> None:
+    """The session's GPU is a candidate ranked by cost, not first whenever it has a
+    slot: without its prefix cached there, joining its batch costs what it costs."""
+    gpus = tuple(gpu(f"g{i}") for i in range(2))
+    view = reporting(*gpus)
+    p = picker(view)
+    home = names(p.rank(request(session="conv-3"), view.free[M], 0))[0]
+    busy = view.by_name[home]
+    busy.outstanding_requests = 3
+    view.refresh(busy)
+    ranked = names(p.rank(request(session="conv-3"), view.free[M], 0))
+    assert ranked[0] != home and home in ranked
+    # With the session's prefix cached there, the saved prefill outweighs the batch.
+    prompt = " ".join(f"w{i}" for i in range(1024))
+    blocks = tuple(prompt_block_hashes(prompt, model=M, limit=64))
+    view.prefix.record(blocks, home)  # 10 work beside 3 others (x4) against 61.2 alone
+    cached = request(1024, 10, blocks=blocks, session="conv-3")
+    assert names(p.rank(cached, view.free[M], 0))[0] == home
 
 
 def test_session_moves_when_its_gpu_is_full() -> None:
