@@ -114,4 +114,5 @@ class CompletionTimePicker:
         # Ties (idle GPUs of one class) go to the session's GPU, else a random one,
         # not always the first listed.
         cost, rand = self._costs(request, cached, now), self.rng.random
-        return sorted(candidates.values(), key=lambda g: (cost(g), g is not sticky, rand()))
+        ranked = sorted(candidates.values(), key=lambda g: (cost(g), g is not sticky, rand()))
+        return list(ranked)
