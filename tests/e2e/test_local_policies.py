@@ -69,13 +69,17 @@ def run(fleet_factory: Callable[..., Fleet], policy: str) -> tuple[float, float]
 def test_default_policy_hits_the_prefix_cache_more_than_least_connections(
     fleet_factory: Callable[..., Fleet],
 ) -> None:
-    default_hit, default_p50 = run(fleet_factory, "default")
-    baseline_hit, baseline_p50 = run(fleet_factory, "least_connections")
+    # Two interleaved rounds; a policy's latency is its better round's median, since
+    # noise from other work on a shared 2-core machine only ever adds latency.
+    rounds = [run(fleet_factory, policy) for policy in ("default", "least_connections") * 2]
+    default_hit, baseline_hit = rounds[0][0], rounds[1][0]
+    default_p50 = min(rounds[0][1], rounds[2][1])
+    baseline_p50 = min(rounds[1][1], rounds[3][1])
     print(
         f"hit rate default {default_hit:.2f} vs least_connections {baseline_hit:.2f}; "
         f"p50 {1000 * default_p50:.1f} ms vs {1000 * baseline_p50:.1f} ms"
     )
     assert default_hit > baseline_hit + 0.05
-    # Latency no worse: the two runs are sequential on a noisy 2-core machine, so the
-    # comparison allows 30 % of noise.
+    # Latency no worse: the runs are sequential on a noisy 2-core machine, so the
+    # comparison allows 30 % of noise beyond what the better round leaves.
     assert default_p50 <= 1.3 * baseline_p50
