@@ -25,13 +25,8 @@ Arrival = tuple[float, str, int]
 
 def _config(max_concurrency: int = 8, kv: int = 8000, hardware: str = "A100") -> GpuConfig:
     return GpuConfig(
-        "g",
-        Endpoint("127.0.0.1", 1),
-        Endpoint("127.0.0.1", 2),
-        hardware,
-        ("m",),
-        max_concurrency=max_concurrency,
-        kv_cache_tokens=kv,
+        "g", Endpoint("127.0.0.1", 1), Endpoint("127.0.0.1", 2), hardware, ("m",),
+        max_concurrency=max_concurrency, kv_cache_tokens=kv,
     )
 
 
@@ -93,7 +88,9 @@ def test_every_request_matches_the_engine(rate: float, hardware: str) -> None:
     arrivals = _arrivals(seed=int(rate), n=300, rate=rate)
     engine = run_simulated(_on_engine(cfg, arrivals))
     model, peak_waiting = run_simulated(_on_model(cfg, arrivals))
-    worst = max(max(abs(a[0] - b[0]), abs(a[1] - b[1])) for a, b in zip(engine, model, strict=True))
+    worst = max(
+        max(abs(a[0] - b[0]), abs(a[1] - b[1])) for a, b in zip(engine, model, strict=True)
+    )
     assert worst < 1e-6
     # The load really queued: requests waited in the GPU's own queue for a slot or KV.
     assert peak_waiting >= 2
