@@ -165,9 +165,9 @@ class CapacityReader:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            # As the publisher's: a cancellation swallowed inside a blocking XREAD left
+            # the reader looping and its tier's stop() waiting for it for good.
+            await cancel_and_wait([self._task])
         await self.redis.aclose()
 
     def _take(self, stream: bytes | str, fields: Mapping[bytes, bytes]) -> None:
