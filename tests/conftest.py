@@ -193,12 +193,17 @@ def no_leaks(request: pytest.FixtureRequest) -> Iterator[None]:
     loop: asyncio.AbstractEventLoop = runner.get_loop()
     before = Snapshot.take()
     yield
+    # Held for the grace period: asyncio keeps tasks only weakly, so a leaked task that
+    # nothing references (waiting on a future only it holds) could be garbage-collected
+    # meanwhile and pass for one that ended.
+    held = set() if loop.is_closed() else asyncio.all_tasks(loop)
     deadline = time.monotonic() + LEAK_GRACE_S
     while (found := leftovers(before, loop)) and time.monotonic() < deadline:
         if loop.is_closed() or loop.is_running():
             time.sleep(LEAK_POLL_S)
         else:
             loop.run_until_complete(asyncio.sleep(LEAK_POLL_S))
+    held.clear()
     if found:
         pytest.fail(
             f"{request.node.nodeid} left behind (still there {LEAK_GRACE_S:g} s after its "
