@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -132,6 +131,7 @@ def _names(text: str, known: list[str], what: str) -> list[str]:
 
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
+    from cli.sim_progress import simulate
     from sim.deployment import SimSettings
     from sim.measure import Slo
     from sim.policies import POLICY_SETS
@@ -168,7 +168,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     )
     specs = [replace(base, scenario=s, policy=p) for s in scenarios for p in policies]
     started = time.monotonic()
-    results = _simulate(specs, args.jobs, out)
+    results = simulate(specs, args.jobs, out)
     run = RunResults(
         meta=_meta(args, topology, policies, time.monotonic() - started),
         scenarios=[
@@ -198,50 +198,6 @@ def _workload(name: str, seed: int) -> tuple[Any, Path | None]:
     if path.suffix.lower() != ".csv" or not path.is_file():
         raise ValueError(f"--workload: {name!r} is neither conversation, code nor a CSV file")
     return WorkloadSpec(seed=seed), path
-
-
-def _simulate(specs: list[Any], jobs: int, out: TextIO) -> dict[tuple[str, str], Any]:
-    """Run every spec, ``jobs`` at a time; a progress bar on a terminal, lines otherwise."""
-    from sim.run import run_with_events
-
-    results: dict[tuple[str, str], Any] = {}
-    bar = _Progress(len(specs), out)
-    if jobs == 1:
-        for spec in specs:
-            results[(spec.scenario.name, spec.policy)] = run_with_events(spec)
-            bar.done(f"{spec.scenario.name} / {spec.policy}")
-        return results
-    with ProcessPoolExecutor(max_workers=jobs) as pool:
-        futures = {pool.submit(run_with_events, s): s for s in specs}
-        for future in as_completed(futures):
-            spec = futures[future]
-            results[(spec.scenario.name, spec.policy)] = future.result()
-            bar.done(f"{spec.scenario.name} / {spec.policy}")
-    return results
-
-
-class _Progress:
-    """A bar redrawn in place on a terminal; one line per finished run otherwise."""
-
-    def __init__(self, total: int, out: TextIO) -> None:
-        self.total, self.out, self.n = total, out, 0
-        self.started = time.monotonic()
-        self.tty = out.isatty()
-
-    def done(self, what: str) -> None:
-        self.n += 1
-        elapsed = time.monotonic() - self.started
-        width = 30
-        filled = width * self.n // self.total
-        text = (
-            f"[{'#' * filled}{'.' * (width - filled)}] {self.n}/{self.total} {elapsed:.0f}s {what}"
-        )
-        if self.tty:
-            end = "\n" if self.n == self.total else ""
-            self.out.write(f"\r{text[:120]:<120}{end}")
-        else:
-            self.out.write(text + "\n")
-        self.out.flush()
 
 
 def _meta(

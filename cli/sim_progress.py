@@ -1,0 +1,138 @@
+"""How far ``meridian sim run`` is: requests fed over every run, from every worker process.
+
+A 1024-GPU run of a million requests takes minutes, so the bar moves with the
+requests each run has fed (``sim.run``'s progress callback, every 1000), not
+only when a run ends. Worker processes report through a queue given to them at
+start (``ProcessPoolExecutor``'s initializer): the only way to hand a
+multiprocessing queue to a pool's workers. On a terminal the bar is redrawn in
+place; otherwise a line every ``every_s`` seconds and one per finished run, so
+a log or CI shows it without carriage returns.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import queue
+import time
+from collections.abc import Callable, Hashable, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from typing import Any, TextIO
+
+from sim.run import RunSpec, run_with_events
+
+RunKey = tuple[str, str]  # (scenario, policy)
+# A worker's queue to the parent, set once per worker process by its initializer.
+_reports: Any = None
+
+
+def _start_worker(reports: Any) -> None:
+    global _reports
+    _reports = reports
+
+
+def _run_in_worker(spec: RunSpec, key: RunKey) -> Any:
+    def fed(n: int) -> None:
+        _reports.put((key, n))
+
+    return run_with_events(spec, fed)
+
+
+def run_key(spec: RunSpec) -> RunKey:
+    return spec.scenario.name, spec.policy
+
+
+class RunProgress:
+    """Requests fed out of ``runs`` × ``per_run`` (a replayed trace may hold fewer)."""
+
+    def __init__(
+        self,
+        runs: int,
+        per_run: int,
+        out: TextIO,
+        every_s: float = 10.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.runs, self.per_run, self.out = runs, per_run, out
+        self.every_s, self.clock = every_s, clock
+        self.fed: dict[Hashable, int] = {}
+        self.finished = 0
+        self.started = self._last = clock()
+        self.tty = out.isatty()
+
+    @property
+    def total(self) -> int:
+        return self.runs * self.per_run
+
+    @property
+    def done(self) -> int:
+        return sum(self.fed.values())
+
+    def fed_so_far(self, key: Hashable, n: int) -> None:
+        self.fed[key] = max(n, self.fed.get(key, 0))
+        now = self.clock()
+        if now - self._last >= (0.5 if self.tty else self.every_s):
+            self._last = now
+            self._show("")
+
+    def run_ended(self, key: Hashable, what: str) -> None:
+        self.finished += 1
+        self.fed[key] = self.per_run
+        self._show(what, final=True)
+
+    def _show(self, what: str, final: bool = False) -> None:
+        done, total = self.done, max(1, self.total)
+        elapsed = self.clock() - self.started
+        width = 30
+        filled = width * min(done, total) // total
+        rate = f"{done / elapsed:,.0f} req/s" if elapsed > 0 else ""
+        text = (
+            f"[{'#' * filled}{'.' * (width - filled)}] {self.finished}/{self.runs} runs, "
+            f"{done:,}/{total:,} requests, {elapsed:.0f}s {rate} {what}".rstrip()
+        )
+        if self.tty:
+            end = "\n" if self.finished == self.runs and final else ""
+            self.out.write(f"\r{text[:120]:<120}{end}")
+        elif final or not what:
+            self.out.write(text + "\n")
+        self.out.flush()
+
+
+def simulate(specs: Sequence[RunSpec], jobs: int, out: TextIO) -> dict[RunKey, Any]:
+    """Run every spec, ``jobs`` at a time (worker processes when more than one)."""
+    bar = RunProgress(len(specs), max(s.requests for s in specs), out)
+    results: dict[RunKey, Any] = {}
+    if jobs == 1:
+        for spec in specs:
+            key = run_key(spec)
+            results[key] = run_with_events(spec, _reporter(bar, key))
+            bar.run_ended(key, f"{key[0]} / {key[1]}")
+        return results
+    reports: Any = multiprocessing.get_context().Queue()
+    with ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=(reports,)) as pool:
+        pending: dict[Future[Any], RunKey] = {
+            pool.submit(_run_in_worker, s, run_key(s)): run_key(s) for s in specs
+        }
+        while pending:
+            ended, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            _drain(reports, bar)
+            for future in ended:
+                key = pending.pop(future)
+                results[key] = future.result()
+                bar.run_ended(key, f"{key[0]} / {key[1]}")
+    return results
+
+
+def _reporter(bar: RunProgress, key: RunKey) -> Callable[[int], None]:
+    def fed(n: int) -> None:
+        bar.fed_so_far(key, n)
+
+    return fed
+
+
+def _drain(reports: Any, bar: RunProgress) -> None:
+    while True:
+        try:
+            key, n = reports.get_nowait()
+        except queue.Empty:
+            return
+        bar.fed_so_far(key, n)
