@@ -14,6 +14,7 @@ import pytest
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.abort import abort_call
+from tests.until import until
 
 TRAILERS = (("retry-after-ms", "50"),)
 
@@ -81,13 +82,6 @@ async def call_many(
             return grpc.StatusCode.OK, ()
 
         return list(await asyncio.gather(*(one() for _ in range(calls))))
-
-
-async def until(done: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not done():
-        assert time.monotonic() < deadline, "not done in time"
-        await asyncio.sleep(0.01)
 
 
 async def test_abort_past_the_deadline_ends_quietly_with_deadline_exceeded(

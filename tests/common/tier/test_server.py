@@ -25,6 +25,7 @@ from common.tier.server import TierServer
 from tests.common.request.test_forwarding_loop import MODEL, ChildServer
 from tests.common.tenancy.test_admission import records_with
 from tests.common.tier.edge import edge_tier
+from tests.until import until
 
 ACME = TenantConfig(id="acme", key_hashes=frozenset({hash_key("mk_acme")}))
 
@@ -79,7 +80,8 @@ async def test_the_edge_counts_traces_and_bills_the_authenticated_tenant(
 ) -> None:
     request = generate_request(MODEL, "hello there", 7)
     await edge.stub.ModelInfer(request, metadata=[("authorization", "Bearer mk_acme")], timeout=5)
-    assert requests_counted(edge.tier) == {("global", MODEL, "OK", "acme"): 1.0}
+    expected = {("global", MODEL, "OK", "acme"): 1.0}
+    await until(lambda: requests_counted(edge.tier) == expected, what="for the request counter")
     assert edge.telemetry.recent is not None
     [server_span] = server_spans(edge, "ModelInfer")
     assert server_span.attributes is not None
@@ -102,7 +104,9 @@ async def test_an_unknown_key_is_unauthenticated_counted_without_a_tenant_and_no
             timeout=5,
         )  # fmt: skip
     assert caught.value.code() == grpc.StatusCode.UNAUTHENTICATED
-    assert requests_counted(edge.tier) == {("global", MODEL, "UNAUTHENTICATED", "-"): 1.0}
+    # Counted as the call ends, which may be just after the client saw the abort.
+    expected = {("global", MODEL, "UNAUTHENTICATED", "-"): 1.0}
+    await until(lambda: requests_counted(edge.tier) == expected, what="for the request counter")
     assert edge.telemetry.recent is not None
     [server_span] = server_spans(edge, "ModelInfer")
     trace_id = format(server_span.get_span_context().trace_id, "032x")
