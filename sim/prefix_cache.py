@@ -2,25 +2,28 @@
 
 The emulated engine (``sim.engine``) and the fleet simulator's GPU model
 (``sim.gpu_model``) keep one per GPU and touch a whole prompt's blocks on every
-admission, so it is kept cheap: a plain dict in recency order.
+admission, so it is kept cheap: an OrderedDict in recency order.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Sequence
-from itertools import islice
 
 
 class PrefixCache:
     """LRU set of prompt-block hashes whose KV is still resident.
 
-    A plain dict in recency order (least recent first): a block is made the most
-    recent by deleting and re-inserting it, which costs less than an OrderedDict's
-    move (every admission touches a whole prompt's blocks on a simulated fleet)."""
+    An OrderedDict in recency order (least recent first): a hit moves to the end,
+    the least recent fall out from the front in O(1). A plain dict (delete and
+    re-insert) cost less per touch, but evicting from its front walks past every
+    entry deleted there since its last resize: on a full cache of 20 000 blocks
+    (an H100's) that made an insertion 1.7x slower, and caches are full for most
+    of a long run."""
 
     def __init__(self, capacity_blocks: int) -> None:
         self.capacity_blocks = capacity_blocks
-        self._blocks: dict[int, None] = {}
+        self._blocks: OrderedDict[int, None] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._blocks)
@@ -28,12 +31,12 @@ class PrefixCache:
     def cached_blocks(self, hashes: Sequence[int]) -> int:
         """Length of the longest cached prefix, in blocks (touches the hits)."""
         blocks = self._blocks
+        to_end = blocks.move_to_end
         n = 0
         for h in hashes:
             if h not in blocks:
                 break
-            del blocks[h]
-            blocks[h] = None
+            to_end(h)
             n += 1
         return n
 
@@ -60,11 +63,14 @@ class PrefixCache:
 
     def _insert(self, hashes: Sequence[int]) -> None:
         blocks = self._blocks
-        pop = blocks.pop
+        to_end = blocks.move_to_end
         for h in hashes:
-            pop(h, None)
-            blocks[h] = None
+            if h in blocks:
+                to_end(h)
+            else:
+                blocks[h] = None
         excess = len(blocks) - self.capacity_blocks
         if excess > 0:
-            for h in list(islice(blocks, excess)):
-                del blocks[h]
+            pop = blocks.popitem
+            for _ in range(excess):
+                pop(last=False)
