@@ -16,6 +16,7 @@ import queue
 import time
 from collections.abc import Callable, Hashable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
+from dataclasses import replace
 from typing import Any, TextIO
 
 from sim.run import RunSpec, run_with_events
@@ -34,7 +35,26 @@ def _run_in_worker(spec: RunSpec, key: RunKey) -> Any:
     def fed(n: int) -> None:
         _reports.put((key, n))
 
-    return run_with_events(spec, fed)
+    return timed_run(spec, fed)
+
+
+def timed_run(spec: RunSpec, progress: Callable[[int], None]) -> Any:
+    """``run_with_events``, the result carrying the wall time it took and the arrivals
+    it was fed (a replayed trace may hold fewer than ``spec.requests``)."""
+    fed = [0]
+
+    def counted(n: int) -> None:
+        fed[0] = n
+        progress(n)
+
+    started = time.monotonic()
+    result, events = run_with_events(spec, counted)
+    timed = replace(
+        result,
+        sim_wall_s=round(time.monotonic() - started, 1),
+        sim_requests=fed[0],
+    )
+    return timed, events
 
 
 def run_key(spec: RunSpec) -> RunKey:
@@ -104,7 +124,7 @@ def simulate(specs: Sequence[RunSpec], jobs: int, out: TextIO) -> dict[RunKey, A
     if jobs == 1:
         for spec in specs:
             key = run_key(spec)
-            results[key] = run_with_events(spec, _reporter(bar, key))
+            results[key] = timed_run(spec, _reporter(bar, key))
             bar.run_ended(key, f"{key[0]} / {key[1]}")
         return results
     reports: Any = multiprocessing.get_context().Queue()

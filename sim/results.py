@@ -136,6 +136,10 @@ class PolicyResult:
     # None in results written before it was measured.
     util_loaded_mean: float | None = None
     util_loaded_p10: float | None = None
+    # What simulating it took: wall seconds of the process that ran it, and the arrivals
+    # it was fed (None in results written before they were recorded).
+    sim_wall_s: float | None = None
+    sim_requests: int | None = None
 
     @property
     def failed_total(self) -> int:

@@ -261,6 +261,8 @@ class _Feed:
             if self.progress is not None and n % 1000 == 0:
                 self.progress(n)
             self._next = next(self.requests, None)
+            if self._next is None and self.progress is not None and n % 1000:
+                self.progress(n)  # the last count too: every arrival was fed
         self.fed.set_result(None)
 
     def _due(self) -> None:

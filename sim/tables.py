@@ -277,7 +277,35 @@ def render_markdown(run: RunResults, images: Sequence[str], *, note: str = "") -
         image = f"timeline_{slug(s.name)}.png"
         if image in images:
             parts += ["", f"![timeline of {escape(s.name)}]({image})"]
+    speed = speed_table(run)
+    if speed:
+        parts += ["", "## Simulation speed", "", SPEED_LEGEND, "", speed]
     return "\n".join(parts).rstrip() + "\n"
+
+
+SPEED_LEGEND = (
+    "Wall time of the process that simulated each run (runs share the machine's cores with "
+    "each other when `jobs` > 1, and with whatever else ran)."
+)
+
+
+def speed_table(run: RunResults) -> str | None:
+    """Per run: arrivals simulated, wall seconds, and arrivals per second."""
+    rows = [
+        [
+            escape(s.name),
+            f"`{name}`",
+            f"{r.sim_requests:,}",
+            f"{r.sim_wall_s:,.1f} s",
+            f"{r.sim_requests / r.sim_wall_s:,.0f}" if r.sim_wall_s > 0 else "–",
+        ]
+        for s in run.scenarios
+        for name, r in s.policies.items()
+        if r.sim_wall_s is not None and r.sim_requests is not None
+    ]
+    if not rows:
+        return None
+    return markdown_table(["scenario", "policy", "requests", "wall", "requests/s"], rows)
 
 
 LEGEND = (

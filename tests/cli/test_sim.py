@@ -62,7 +62,9 @@ def test_every_scenario_runs_in_quick_form(tmp_path: Path) -> None:
                 assert policy["util_loaded_mean"] >= policy["util_mean"], (scenario["name"], name)
     lost = next(s for s in results["scenarios"] if s["name"] == "zone-then-region-lost")
     assert [label for _, label in lost["events"]][1].startswith("region ")
-    assert "| `meridian` |" in (tmp_path / "fleet.md").read_text()
+    markdown = (tmp_path / "fleet.md").read_text()
+    assert "| `meridian` |" in markdown
+    assert "## Simulation speed" in markdown and "| steady-90 | `oracle` | 500 |" in markdown
 
 
 def test_a_trace_csv_replays(tmp_path: Path) -> None:

@@ -50,6 +50,9 @@ def test_worker_processes_report_what_they_fed() -> None:
     results = simulate(specs, 2, out)
     assert set(results) == {run_key(s) for s in specs}
     offered = {results[run_key(s)][0].offered for s in specs}  # after the warm-up
+    # Each result says what simulating it took: every arrival fed, and its wall time.
+    assert all(results[run_key(s)][0].sim_requests == 2000 for s in specs)
+    assert all(0 < (results[run_key(s)][0].sim_wall_s or 0) < 60 for s in specs)
     assert len(offered) == 1 and 0 < offered.pop() <= 2000  # the same arrivals
     last = out.getvalue().splitlines()[-1]
     assert last.startswith("[##############################] 2/2 runs, 4,000/4,000 requests")

@@ -38,7 +38,7 @@ def test_each_request_starts_at_its_arrival_and_the_feed_waits_for_the_last_to_e
         assert abs(at - expected) < 1e-12
     assert len(ended) == len(ARRIVALS)
     assert abs(finished_at - max(t + 10.0 - i for i, t in enumerate(ARRIVALS))) < 1e-12
-    assert progress == []  # every 1000th request only
+    assert progress == [len(ARRIVALS)]  # every 1000th request, and the last
 
 
 def test_an_empty_feed_returns_at_once_and_progress_counts_thousands() -> None:
@@ -53,4 +53,4 @@ def test_an_empty_feed_returns_at_once_and_progress_counts_thousands() -> None:
     assert run_simulated(main([], [])) == 0.0
     seen: list[int] = []
     run_simulated(main([0.001 * i for i in range(2500)], seen))
-    assert seen == [1000, 2000]
+    assert seen == [1000, 2000, 2500]  # and the last, which is no 1000th
