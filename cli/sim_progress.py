@@ -2,11 +2,11 @@
 
 A 1024-GPU run of a million requests takes minutes, so the bar moves with the
 requests each run has fed (``sim.run``'s progress callback, every 1000), not
-only when a run ends. Worker processes report through a queue given to them at
-start (``ProcessPoolExecutor``'s initializer): the only way to hand a
-multiprocessing queue to a pool's workers. On a terminal the bar is redrawn in
-place; otherwise a line every ``every_s`` seconds and one per finished run, so
-a log or CI shows it without carriage returns.
+only when a run ends. Worker processes report through a managed queue, whose
+proxy travels with each run (a plain multiprocessing queue cannot be pickled
+into a pool's task). On a terminal the bar is redrawn in place; otherwise a line
+every ``every_s`` seconds and one per finished run, so a log or CI shows it
+without carriage returns.
 """
 
 from __future__ import annotations
@@ -14,31 +14,26 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 from dataclasses import replace
 from typing import Any, TextIO
 
+from sim.results import PolicyResult
 from sim.run import RunSpec, run_with_events
 
 RunKey = tuple[str, str]  # (scenario, policy)
-# A worker's queue to the parent, set once per worker process by its initializer.
-_reports: Any = None
+Timed = tuple[PolicyResult, list[tuple[float, str]]]  # run_with_events's result
 
 
-def _start_worker(reports: Any) -> None:
-    global _reports
-    _reports = reports
-
-
-def _run_in_worker(spec: RunSpec, key: RunKey) -> Any:
+def _run_in_worker(spec: RunSpec, key: RunKey, reports: Any) -> Timed:
     def fed(n: int) -> None:
-        _reports.put((key, n))
+        reports.put((key, n))
 
     return timed_run(spec, fed)
 
 
-def timed_run(spec: RunSpec, progress: Callable[[int], None]) -> Any:
+def timed_run(spec: RunSpec, progress: Callable[[int], None]) -> Timed:
     """``run_with_events``, the result carrying the wall time it took and the arrivals
     it was fed (a replayed trace may hold fewer than ``spec.requests``)."""
     fed = [0]
@@ -74,7 +69,7 @@ class RunProgress:
     ) -> None:
         self.runs, self.per_run, self.out = runs, per_run, out
         self.every_s, self.clock = every_s, clock
-        self.fed: dict[Hashable, int] = {}
+        self.fed: dict[RunKey, int] = {}
         self.finished = 0
         self.started = self._last = clock()
         self.tty = out.isatty()
@@ -87,14 +82,14 @@ class RunProgress:
     def done(self) -> int:
         return sum(self.fed.values())
 
-    def fed_so_far(self, key: Hashable, n: int) -> None:
+    def fed_so_far(self, key: RunKey, n: int) -> None:
         self.fed[key] = max(n, self.fed.get(key, 0))
         now = self.clock()
         if now - self._last >= (0.5 if self.tty else self.every_s):
             self._last = now
             self._show("")
 
-    def run_ended(self, key: Hashable, what: str) -> None:
+    def run_ended(self, key: RunKey, what: str) -> None:
         self.finished += 1
         self.fed[key] = self.per_run
         self._show(what, final=True)
@@ -117,20 +112,20 @@ class RunProgress:
         self.out.flush()
 
 
-def simulate(specs: Sequence[RunSpec], jobs: int, out: TextIO) -> dict[RunKey, Any]:
+def simulate(specs: Sequence[RunSpec], jobs: int, out: TextIO) -> dict[RunKey, Timed]:
     """Run every spec, ``jobs`` at a time (worker processes when more than one)."""
     bar = RunProgress(len(specs), max(s.requests for s in specs), out)
-    results: dict[RunKey, Any] = {}
+    results: dict[RunKey, Timed] = {}
     if jobs == 1:
         for spec in specs:
             key = run_key(spec)
             results[key] = timed_run(spec, _reporter(bar, key))
             bar.run_ended(key, f"{key[0]} / {key[1]}")
         return results
-    reports: Any = multiprocessing.get_context().Queue()
-    with ProcessPoolExecutor(jobs, initializer=_start_worker, initargs=(reports,)) as pool:
-        pending: dict[Future[Any], RunKey] = {
-            pool.submit(_run_in_worker, s, run_key(s)): run_key(s) for s in specs
+    with multiprocessing.Manager() as manager, ProcessPoolExecutor(jobs) as pool:
+        reports = manager.Queue()
+        pending: dict[Future[Timed], RunKey] = {
+            pool.submit(_run_in_worker, s, run_key(s), reports): run_key(s) for s in specs
         }
         while pending:
             ended, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)

@@ -12,23 +12,25 @@ from sim.run import RunSpec
 from sim.scenarios import SCENARIOS
 from sim.workload import WorkloadSpec
 
+A, B = ("steady-90", "meridian"), ("steady-90", "oracle")
+
 
 def test_off_a_terminal_a_line_every_few_seconds_and_one_per_finished_run() -> None:
     out, now = io.StringIO(), [0.0]
     bar = RunProgress(2, 1000, out, every_s=10.0, clock=lambda: now[0])
-    bar.fed_so_far("a", 100)
+    bar.fed_so_far(A, 100)
     now[0] = 4.0
-    bar.fed_so_far("b", 300)  # within every_s of the start: no line
+    bar.fed_so_far(B, 300)  # within every_s of the start: no line
     assert out.getvalue() == ""
     now[0] = 10.0
-    bar.fed_so_far("a", 500)
+    bar.fed_so_far(A, 500)
     assert out.getvalue().splitlines() == [
         "[############..................] 0/2 runs, 800/2,000 requests, 10s 80 req/s"
     ]
-    bar.fed_so_far("a", 400)  # a late report never moves a run back
-    assert bar.fed["a"] == 500
+    bar.fed_so_far(A, 400)  # a late report never moves a run back
+    assert bar.fed[A] == 500
     now[0] = 12.0
-    bar.run_ended("a", "steady-90 / meridian")
+    bar.run_ended(A, "steady-90 / meridian")
     assert out.getvalue().splitlines()[-1] == (
         "[###################...........] 1/2 runs, 1,300/2,000 requests, 12s 108 req/s "
         "steady-90 / meridian"
