@@ -126,8 +126,8 @@ def _agreeing_level(
     """The level compared against up to ``TRIES`` real runs: the first that agrees with
     the simulator is returned. A disagreement must repeat to fail the test: the CI
     machine is shared, and a real run on it can be slowed by work the loop-lag probe
-    does not see (its P50 came out 11 % slow there once, the GPU model on its own
-    placements too, with the loop 7 ms late). A simulator that is really off (the GPU
+    does not see (there, once, its P50 came out 11 % slower than the GPU model replaying
+    its own placements, with the loop only 7 ms late). A simulator that is really off (the GPU
     model 30 % slow below) disagrees with every run. Skips when no run was on time."""
     sims = run_sims(topology, shots, runs=SIM_RUNS, jitter_s=SIM_JITTER_S, seed=SEED)
     disagreements, late = [], 0
