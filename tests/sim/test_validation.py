@@ -122,13 +122,14 @@ def _real_run(redis_url: str, shots: list[Shot]) -> RealResult | None:
 
 def _agreeing_level(
     redis_url: str, topology: Topology, shots: list[Shot], load: float, rate: float
-) -> tuple[LevelResult, RealResult]:
+) -> tuple[RealResult, dict[int, float]]:
     """The level compared against up to ``TRIES`` real runs: the first that agrees with
-    the simulator is returned. A disagreement must repeat to fail the test: the CI
-    machine is shared, and a real run on it can be slowed by work the loop-lag probe
-    does not see (there, once, its P50 came out 11 % slower than the GPU model replaying
-    its own placements, with the loop only 7 ms late). A simulator that is really off (the GPU
-    model 30 % slow below) disagrees with every run. Skips when no run was on time."""
+    the simulator is returned, with the GPU model's replay of its placements. A
+    disagreement must repeat to fail the test: the CI machine is shared, and a real run
+    on it can be slowed by work the loop-lag probe does not see (there, once, its P50
+    came out 11 % slower than the GPU model replaying its own placements, with the loop
+    only 7 ms late). A simulator that is really off (the GPU model 30 % slow below)
+    disagrees with every run. Skips when no run was on time."""
     sims = run_sims(topology, shots, runs=SIM_RUNS, jitter_s=SIM_JITTER_S, seed=SEED)
     disagreements, late = [], 0
     for _ in range(TRIES):
@@ -136,10 +137,10 @@ def _agreeing_level(
         if real is None:
             late += 1
             continue
-        level = compare(load, rate, sims, real, replay(topology, shots, real.gpu_of))
-        why = _disagreement(level)
+        replayed = replay(topology, shots, real.gpu_of)
+        why = _disagreement(compare(load, rate, sims, real, replayed))
         if why is None:
-            return level, real
+            return real, replayed
         disagreements.append(why)
     if not disagreements:
         pytest.skip(
@@ -160,12 +161,10 @@ def test_simulated_latency_matches_emulated_gpus_behind_a_real_local_tier(
     for load in (0.6, 0.85):
         rate = level_rate(topology, shapes, load)
         shots = make_shots(shapes, rate, random.Random(SEED))
-        level, real = _agreeing_level(redis_server.url, topology, shots, load, rate)
-        assert _disagreement(level) is None
+        real, replayed = _agreeing_level(redis_server.url, topology, shots, load, rate)
         if load == 0.85:
             # The comparison catches a GPU model that is 30 % slow.
             slow = replace(topology, time_scale=1.3 * TIME_SCALE)
-            replayed = replay(topology, shots, real.gpu_of)
             wrong = compare(load, rate, [run_sim(slow, shots)], real, replayed)
             assert wrong.ratios[0] > 1 + P50_TOLERANCE
             assert not wrong.passed
