@@ -18,8 +18,8 @@ class PrefixCache:
     the least recent fall out from the front in O(1). A plain dict (delete and
     re-insert) cost less per touch, but evicting from its front walks past every
     entry deleted there since its last resize: on a full cache of 20 000 blocks
-    (an H100's) that made an insertion 1.7x slower, and caches are full for most
-    of a long run."""
+    (an H100's) that made an admission 1.24x slower (``bench.prefix_cache``), and
+    caches are full for most of a long run."""
 
     def __init__(self, capacity_blocks: int) -> None:
         self.capacity_blocks = capacity_blocks
