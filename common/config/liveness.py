@@ -37,7 +37,10 @@ class Keepalive:
     gracefully: calls in flight finish (only the ``keepalive`` key sets it)."""
 
     time_s: float = 1.0
-    timeout_s: float = 1.0
+    # 0.75 s, not 1: a hung peer is then found within 1.75 s, so a request held up on it
+    # is answered elsewhere within the 2 s a partition may take to move traffic; a
+    # cross-region round trip plus a retransmit still fits well inside it.
+    timeout_s: float = 0.75
     without_calls: bool = True
     max_connection_age_s: float = DEFAULT_MAX_CONNECTION_AGE_S
 
