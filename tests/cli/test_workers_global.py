@@ -6,9 +6,7 @@ publishes the region's summary (the global would add the same aggregate up twice
 from __future__ import annotations
 
 import json
-import time
 import urllib.request
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +20,7 @@ from common.gen.meridian.v1 import capacity_pb2
 from tests.cli.conftest import Launch
 from tests.cli.test_workers import MODEL, call, http_get, two_free_ports
 from tests.conftest import small_fleet_spec
+from tests.until import wait_until
 
 
 def served(ops: int) -> float:
@@ -32,15 +31,6 @@ def served(ops: int) -> float:
         for line in text.splitlines()
         if line.startswith("meridian_requests_total{")
     )
-
-
-def wait_until(ready: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if ready():
-            return
-        time.sleep(0.1)
-    raise AssertionError(what)
 
 
 def completion(openai: str, prompt: str) -> dict[str, Any]:
@@ -80,7 +70,7 @@ def test_two_global_workers_serve_v2_and_openai_each_counting_its_own(
     def ready() -> bool:
         return all(http_get(f"http://127.0.0.1:{ops + w}/readyz")[0] == 200 for w in (0, 1))
 
-    wait_until(ready, "the global workers did not become ready")
+    wait_until(ready, 60.0, "the global workers did not become ready")
     texts = [call(spec["global"]["listen"], f"edge {i}") for i in range(24)]
     assert all(texts)
     counts = [served(ops), served(ops + 1)]

@@ -13,6 +13,7 @@ from common.capacity.streams import region_stream
 from common.gen.meridian.v1 import capacity_pb2
 from tests.client import LoadLoop, region_of
 from tests.conftest import small_fleet_spec
+from tests.until import wait_until
 
 DUBLIN = ("x-meridian-client-geo", "53.35,-6.26")
 
@@ -26,13 +27,6 @@ def newest_region_summary(fleet: Fleet, region: str) -> capacity_pb2.CapacitySum
     finally:
         client.close()
     return capacity_pb2.CapacitySummary.FromString(entries[0][1][b"summary"]) if entries else None
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def test_redis_outage_loses_no_request_and_summaries_resume(

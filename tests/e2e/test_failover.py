@@ -12,6 +12,7 @@ from cli.launcher import Fleet
 from common.request.v2 import generate_request
 from tests.client import V2Client, expect_code, region_of, zone_of
 from tests.conftest import small_fleet_spec
+from tests.until import wait_until
 
 NEAR_US_EAST_1A = ("x-meridian-client-geo", "39.03,-77.47")
 DUBLIN = ("x-meridian-client-geo", "53.35,-6.26")
@@ -20,13 +21,6 @@ DUBLIN = ("x-meridian-client-geo", "53.35,-6.26")
 def routes(client: V2Client, n: int, metadata: list[tuple[str, str]]) -> list[str]:
     """Send ``n`` requests one after another; any failure fails the test."""
     return [client.infer(f"request {i}", 3, metadata=metadata).route for i in range(n)]
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def test_zone_failover_and_return(fleet_factory: Callable[[dict[str, Any]], Fleet]) -> None:

@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -31,6 +31,7 @@ from common.basics.redis_embed import free_port
 from common.request.v2 import generate_request, response_text
 from tests.client import V2Client, zone_of
 from tests.conftest import small_fleet_spec
+from tests.until import wait_until
 
 ROOT = Path(__file__).resolve().parents[2]
 MLSERVER = ROOT / ".venv-mlserver" / "bin" / "mlserver"
@@ -149,13 +150,6 @@ def fleet(tmp_path: Path) -> Iterator[tuple[Fleet, MLServer]]:
 
 def gpu_of(route: str) -> str:
     return route.split("/")[2]
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def local_state(fleet: Fleet) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -16,6 +15,7 @@ from common.request.v2 import generate_request
 from tests.client import V2Client, expect_code
 from tests.common.observability.test_metrics import parse
 from tests.conftest import small_fleet_spec
+from tests.until import wait_until
 
 REGION = "us-east"
 ZONES = ("us-east-1a", "us-east-1b")
@@ -37,13 +37,6 @@ def get(address: str, path: str) -> tuple[int, str]:
             return reply.status, reply.read().decode()
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode()
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.1)
 
 
 def requests_by_status(address: str, tier: str) -> dict[str, float]:

@@ -40,6 +40,7 @@ from regional_lb.server import build_regional_tier
 from sim.dns_server import LoopbackDns, loopback_dns
 from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
+from tests.until import until
 
 MODEL, REGION, ZONE = "m", "r", "r-1a"
 REGIONAL, EDGE = "regional.replicas.test", "edge.replicas.test"
@@ -210,14 +211,6 @@ class Load:
     async def stop(self) -> None:
         self._stop.set()
         await asyncio.gather(*self._tasks)
-
-
-async def until(check: Any, seconds: float, what: str) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"not within {seconds} s: {what}")
-        await asyncio.sleep(0.05)
 
 
 async def test_calls_reach_every_replica_of_both_tiers(fleet: Fleet) -> None:

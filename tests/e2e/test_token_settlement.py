@@ -10,8 +10,6 @@ usage record says the counts are estimates.
 
 from __future__ import annotations
 
-import asyncio
-import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ from sim.answers import ANSWER_TOKENS
 from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
 from tests.e2e.chain import running_chain
+from tests.until import until
 
 REGION, ZONE, MODEL = "eu", "eu-1a", "m"
 PROMPT = "tell me about routers"  # 4 prompt tokens (whitespace words)
@@ -145,21 +144,14 @@ def counts(response: pb.ModelInferResponse) -> tuple[int, int] | None:
     return params[PROMPT_TOKENS].int64_param, params[COMPLETION_TOKENS].int64_param
 
 
-async def until(condition: Any, what: str) -> None:
-    deadline = time.monotonic() + 5
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
-
-
 async def settled(fleet: Fleet, n: int) -> None:
     settler = fleet.edge.settler
     assert settler is not None
-    await until(lambda: settler.settled >= n and settler.pending == 0, f"{n} settlements")
+    await until(lambda: settler.settled >= n and settler.pending == 0, what=f"{n} settlements")
 
 
 async def records(fleet: Fleet, tenant: str, n: int) -> list[UsageRecord]:
-    await until(lambda: len(fleet.usage(tenant)) >= n, f"{n} usage records")
+    await until(lambda: len(fleet.usage(tenant)) >= n, what=f"{n} usage records")
     got = fleet.usage(tenant)
     assert len(got) == n  # nothing lost, nothing doubled
     return got

@@ -22,6 +22,7 @@ from common.request.v2 import generate_request
 from local_lb.load import BackendMonitor, MonitoredGpu, jittered
 from local_lb.load_book import LoadBook, LoadSample, parse_load_trailer, parse_prometheus_load
 from sim.worker import GpuWorker
+from tests.until import until
 
 INTERVAL_S = 0.1
 MAX_AGE_S = 3 * INTERVAL_S
@@ -247,16 +248,6 @@ class Recorder:
         return None if last is None else last[0]
 
 
-async def eventually(
-    predicate: Callable[[], bool], timeout_s: float = 3.0, what: str = "condition"
-) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 def gpu_config(name: str = "gpu-0") -> GpuConfig:
     return GpuConfig(
         name=name,
@@ -321,12 +312,12 @@ async def test_monitor_reads_load_and_health_of_a_real_gpu(
     monitor = await make_monitor([monitored(worker)], health_calls)
     name = worker.gpu.name
 
-    await eventually(lambda: monitor.book.get(name, time.monotonic(), MAX_AGE_S) is not None)
+    await until(lambda: monitor.book.get(name, time.monotonic(), MAX_AGE_S) is not None)
     got = monitor.book.get(name, time.monotonic(), MAX_AGE_S)
     assert got is not None and got.source == "metrics"
     assert (got.running, got.waiting, got.kv_cache_usage) == (0.0, 0.0, 0.0)
     assert got.age(time.monotonic()) < 2 * INTERVAL_S
-    await eventually(lambda: health_calls.last(name) is not None)
+    await until(lambda: health_calls.last(name) is not None)
     assert health_calls.last(name) == (True, "SERVING, 2/2 models ready")
     assert monitor.ready_models(name) == frozenset({"llama", "mistral"})
     assert monitor.ready_models("unknown") == frozenset()
@@ -340,7 +331,7 @@ async def test_monitor_reads_load_and_health_of_a_real_gpu(
                 s = monitor.book.get(name, time.monotonic(), MAX_AGE_S)
                 return s is not None and s.running >= 1
 
-            await eventually(busy, what="running >= 1 while a long request runs")
+            await until(busy, what="running >= 1 while a long request runs")
             busy_sample = monitor.book.get(name, time.monotonic(), MAX_AGE_S)
             assert busy_sample is not None and busy_sample.kv_cache_usage
         finally:
@@ -361,24 +352,24 @@ async def test_monitor_sees_a_stopped_gpu_go_unhealthy_and_its_load_go_stale(
     health_calls = Recorder()
     monitor = await make_monitor([monitored(worker)], health_calls)
     name = worker.gpu.name
-    await eventually(lambda: health_calls.last(name) is not None)
-    await eventually(lambda: monitor.book.get(name, time.monotonic(), MAX_AGE_S) is not None)
+    await until(lambda: health_calls.last(name) is not None)
+    await until(lambda: monitor.book.get(name, time.monotonic(), MAX_AGE_S) is not None)
 
     caplog.set_level(logging.WARNING, logger="local_lb.load")
     await worker.stop(0)
     stopped = time.monotonic()
-    await eventually(lambda: health_calls.healthy(name) is False, what="health False")
+    await until(lambda: health_calls.healthy(name) is False, what="health False")
     first_down = next(t for t, n, ok, _ in health_calls.calls if n == name and not ok)
     assert first_down - stopped <= 2 * INTERVAL_S * 1.1 + 0.2
     assert monitor.ready_models(name) == frozenset()
     healthy, reason = health_calls.last(name) or (None, "")
     assert healthy is False and reason.startswith("health check: UNAVAILABLE"), reason
 
-    await eventually(lambda: monitor.book.get(name, time.monotonic(), MAX_AGE_S) is None)
+    await until(lambda: monitor.book.get(name, time.monotonic(), MAX_AGE_S) is None)
     last = monitor.book._samples[name]
     assert last.taken_at <= stopped  # nothing recorded after the stop, not even zeros
     calls_now = len(health_calls.calls)
-    await eventually(lambda: len(health_calls.calls) >= calls_now + 3, what="more polls")
+    await until(lambda: len(health_calls.calls) >= calls_now + 3, what="more polls")
     warnings = [r for r in caplog.records if r.levelno == logging.WARNING and name in r.message]
     assert len(warnings) == 1, [r.message for r in warnings]
 
@@ -429,7 +420,7 @@ async def test_broken_metrics_leave_load_unknown_and_health_untouched(
     gpus.append(MonitoredGpu("gpu-no-metrics", worker.address, frozenset({"llama"}), None))
     monitor = await make_monitor(gpus, health_calls)
 
-    await eventually(lambda: len(health_calls.calls) >= 4 * len(gpus), what="several polls")
+    await until(lambda: len(health_calls.calls) >= 4 * len(gpus), what="several polls")
     for gpu in gpus:
         assert monitor.book.get(gpu.name, time.monotonic(), 1e9) is None, gpu.name
         assert health_calls.last(gpu.name) == (True, "SERVING, 1/1 models ready"), gpu.name
@@ -469,11 +460,11 @@ async def test_health_falls_back_to_server_wide_status_and_needs_a_ready_model(
     health_calls = Recorder()
     gpu = MonitoredGpu("triton", address, frozenset({"llama", "bert"}))
     monitor = await make_monitor([gpu], health_calls)
-    await eventually(lambda: health_calls.last("triton") == (True, "SERVING, 1/2 models ready"))
+    await until(lambda: health_calls.last("triton") == (True, "SERVING, 1/2 models ready"))
     assert monitor.ready_models("triton") == frozenset({"llama"})
 
     v2.ready.clear()
-    await eventually(lambda: health_calls.healthy("triton") is False)
+    await until(lambda: health_calls.healthy("triton") is False)
     assert health_calls.last("triton") == (
         False,
         "SERVING but no model ready (bert: not ready; llama: not ready)",
@@ -482,9 +473,9 @@ async def test_health_falls_back_to_server_wide_status_and_needs_a_ready_model(
 
     v2.ready.add("bert")
     await servicer.set("", health_pb2.HealthCheckResponse.NOT_SERVING)
-    await eventually(lambda: health_calls.last("triton") == (False, "health check: NOT_SERVING"))
+    await until(lambda: health_calls.last("triton") == (False, "health check: NOT_SERVING"))
     await servicer.set("", health_pb2.HealthCheckResponse.SERVING)
-    await eventually(lambda: health_calls.last("triton") == (True, "SERVING, 1/2 models ready"))
+    await until(lambda: health_calls.last("triton") == (True, "SERVING, 1/2 models ready"))
     assert monitor.ready_models("triton") == frozenset({"bert"})
 
 

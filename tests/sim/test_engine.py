@@ -21,6 +21,7 @@ from sim.engine import (
     prompt_block_hashes,
     step_cost_s,
 )
+from tests.until import until
 
 
 def gpu(hardware: str = "A100", **overrides: int) -> GpuConfig:
@@ -52,14 +53,6 @@ class VirtualTime:
         self.sleeps += 1
         self.now += seconds
         await asyncio.sleep(0)
-
-
-async def until(predicate: Callable[[], bool], limit_s: float = 5.0) -> None:
-    deadline = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        await asyncio.sleep(0.001)
 
 
 async def collect(engine: GpuEngine, prompt: str, max_tokens: int) -> list[str]:
@@ -190,7 +183,7 @@ async def test_kv_bound_puts_excess_requests_in_waiting(
     await engine.start()
     # Each reserves 10 prompt + 40 new = 50 tokens: two fit, the third waits.
     tasks = [asyncio.create_task(collect(engine, words(10, 10 * i), 40)) for i in range(3)]
-    await until(lambda: engine.running + engine.waiting == 3)
+    await until(lambda: engine.running + engine.waiting == 3, poll_s=0.001)
     assert (engine.running, engine.waiting, engine.kv_cache_usage) == (2, 1, 1.0)
     results = await asyncio.gather(*tasks)
     assert [len(r) for r in results] == [40, 40, 40]
@@ -202,7 +195,7 @@ async def test_concurrency_bound_puts_excess_requests_in_waiting(
     engine = engine_factory(gpu(max_concurrency=2), time_scale=0.05)
     await engine.start()
     tasks = [asyncio.create_task(collect(engine, "hi", 40)) for _ in range(5)]
-    await until(lambda: engine.running + engine.waiting == 5)
+    await until(lambda: engine.running + engine.waiting == 5, poll_s=0.001)
     assert (engine.running, engine.waiting) == (2, 3)
     assert engine.stats().kv_reserved_tokens == 2 * 41
     await asyncio.gather(*tasks)
@@ -246,7 +239,7 @@ async def test_cancelling_a_waiting_request_leaves_the_queue(
     await engine.start()
     running = asyncio.create_task(collect(engine, "a", 200))
     waiting = asyncio.create_task(collect(engine, "b", 200))
-    await until(lambda: engine.waiting == 1)
+    await until(lambda: engine.waiting == 1, poll_s=0.001)
     waiting.cancel()
     await asyncio.gather(waiting, return_exceptions=True)
     assert engine.waiting == 0
@@ -276,7 +269,7 @@ async def test_stop_fails_pending_requests() -> None:
     engine = GpuEngine(gpu(max_concurrency=1), time_scale=0.05)
     await engine.start()
     tasks = [asyncio.create_task(collect(engine, "hi", 10_000)) for _ in range(2)]
-    await until(lambda: engine.running == 1 and engine.waiting == 1)
+    await until(lambda: engine.running == 1 and engine.waiting == 1, poll_s=0.001)
     await engine.stop()
     for result in await asyncio.gather(*tasks, return_exceptions=True):
         assert isinstance(result, EngineStopped)

@@ -1,5 +1,3 @@
-import asyncio
-
 import pytest
 import redis
 
@@ -14,6 +12,7 @@ from common.capacity.summary import (
     significant_change,
 )
 from common.gen.meridian.v1 import capacity_pb2
+from tests.until import until
 
 M = "demo-llm"
 
@@ -86,13 +85,6 @@ def test_aggregate_of_nothing_is_empty() -> None:
     assert list(aggregate([], source_id="r", sequence=1, region="r").models) == []
 
 
-async def _until(predicate, timeout_s: float = 5.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not predicate():
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 async def test_publish_and_read_back_with_xrange(redis_server: EmbeddedRedis) -> None:
     stream = zone_stream("test-region", "pub-read")
     received: list[tuple[str, capacity_pb2.CapacitySummary]] = []
@@ -109,7 +101,7 @@ async def test_publish_and_read_back_with_xrange(redis_server: EmbeddedRedis) ->
     publisher.start()
     reader.start()
     try:
-        await _until(lambda: len(received) >= 3)
+        await until(lambda: len(received) >= 3)
     finally:
         await publisher.stop()
         await reader.stop()
@@ -157,15 +149,15 @@ async def test_redis_restart_resumes_summaries() -> None:
     publisher.start()
     reader.start()
     try:
-        await _until(lambda: len(received) >= 2)
+        await until(lambda: len(received) >= 2)
         assert publisher.redis_up() and reader.redis_up()  # meridian_redis_up reads these
         server.stop()
-        await _until(lambda: not publisher.redis_up() and not reader.redis_up())
+        await until(lambda: not publisher.redis_up() and not reader.redis_up())
         before = len(received)
         server.start()
-        await _until(lambda: len(received) >= before + 3, timeout_s=10)
+        await until(lambda: len(received) >= before + 3, timeout_s=10)
         assert received[-1] > received[before - 1]
-        await _until(lambda: publisher.redis_up() and reader.redis_up())
+        await until(lambda: publisher.redis_up() and reader.redis_up())
     finally:
         await publisher.stop()
         await reader.stop()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from common.tier.server import TierServer
 from global_lb.picker import RegionPicker
 from regional_lb.server import drained
 from sim.topology import one_zone_mapping
+from tests.until import until
 
 M = "m"
 
@@ -290,14 +290,6 @@ async def test_undrain_is_refused_while_a_removed_child_finishes() -> None:
         await until(lambda: "b" not in children.by_name)
     finally:
         await children.stop()
-
-
-async def until(done: Callable[[], bool]) -> None:
-    for _ in range(100):
-        if done():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("condition not reached in 1 s")
 
 
 async def test_a_model_is_not_found_once_the_last_child_serving_it_has_left() -> None:

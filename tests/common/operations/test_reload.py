@@ -20,6 +20,7 @@ from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.operations.reload import reload_children
 from common.request.children import Child, ChildSet
 from common.request.server import V2_SERVICE
+from tests.until import until
 
 M = "demo-llm"
 ServerFactory = Callable[[], Awaitable[Endpoint]]
@@ -75,12 +76,6 @@ async def child_sets() -> AsyncIterator[SetFactory]:
 
 def child(name: str, endpoint: Endpoint, models: frozenset[str] = frozenset({M})) -> Child:
     return Child(name=name, endpoint=endpoint, models=models, location=GeoPoint(1.0, 2.0))
-
-
-async def until(done: Callable[[], bool], timeout_s: float = 2.0) -> None:
-    async with asyncio.timeout(timeout_s):
-        while not done():  # noqa: ASYNC110 (plain state set by the child set's tasks)
-            await asyncio.sleep(0.01)
 
 
 class Gone:

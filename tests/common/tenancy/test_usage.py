@@ -4,7 +4,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,6 +21,7 @@ from common.tenancy.usage import (
     summarise,
 )
 from common.tenancy.usage_state import stream_state
+from tests.until import until
 
 STATUSES = ("OK", "OK", "OK", "UNAVAILABLE", "DEADLINE_EXCEEDED", "RESOURCE_EXHAUSTED")
 TENANTS = ("acme", "globex", "initech")
@@ -83,13 +84,6 @@ def assert_totals_equal(
         assert g.gpu_seconds == pytest.approx(w.gpu_seconds, abs=1e-6), key
 
 
-async def _until(cond: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not cond():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 def test_record_round_trips_through_stream_fields() -> None:
     rec = make_record(7)
     rec = dataclasses.replace(rec, gpu_seconds=0.1 + 0.2)  # not exactly 0.3
@@ -138,7 +132,7 @@ async def test_every_record_arrives_and_totals_match(
     try:
         for rec in records:
             recorder.record(rec)
-        await _until(lambda: recorder.written == len(records))
+        await until(lambda: recorder.written == len(records))
     finally:
         await recorder.stop()
     assert (recorder.pending, recorder.dropped) == (0, 0)
@@ -273,7 +267,7 @@ async def test_redis_outage_loses_nothing_below_the_limit() -> None:
         await asyncio.sleep(0.3)
         assert (recorder.written, recorder.pending, recorder.dropped) == (0, 200, 0)
         server.start()
-        await _until(lambda: recorder.written == 200, timeout_s=10)
+        await until(lambda: recorder.written == 200, timeout_s=10)
         client = redis.Redis.from_url(server.url)
         try:
             assert client.xlen(stream) == 200
@@ -361,7 +355,7 @@ async def test_a_write_that_timed_out_but_landed_is_not_written_twice(
         assert recorder.pending == 44
     finally:
         busy.join()
-    await _until(lambda: sync_redis.xlen(stream) == 45, timeout_s=2)  # Redis ran it once free
+    await until(lambda: sync_redis.xlen(stream) == 45, timeout_s=2)  # Redis ran it once free
     await recorder.flush()  # the retry finds the batch's marker
     await recorder.stop()
     assert (recorder.written, recorder.pending) == (45, 0)
@@ -387,7 +381,7 @@ async def test_sigkill_of_a_persistent_redis_loses_and_doubles_nothing(tmp_path:
             if i == 300:
                 server.kill()  # mid-write, with batches in flight
                 server.start()
-        await _until(lambda: recorder.pending == 0, timeout_s=15)
+        await until(lambda: recorder.pending == 0, timeout_s=15)
         client = redis.Redis.from_url(server.url)
         try:
             ids = [UsageRecord.from_fields(f).request_id for _, f in client.xrange(USAGE_STREAM)]
