@@ -252,13 +252,6 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
     return 0
 
 
-# The simulated tiers log as the servers do. In a simulation their warnings (a GPU
-# ejected, a zone marked down) are the scenario's own events, which its results and
-# timelines already show; hundreds of them would bury the progress bar.
-# MERIDIAN_LOG_LEVEL, when set, still wins.
-SIM_LOG_LEVEL = "error"
-
-
 def main(argv: list[str] | None = None) -> None:
     from cli.launcher import die_with_parent
 
@@ -270,17 +263,14 @@ def main(argv: list[str] | None = None) -> None:
         "admin": "cli.admin:admin_main",
         "sim": "cli.sim:sim_main",
     }
+    if argv[:1] and argv[0] in own:
+        module, _, function = own[argv[0]].partition(":")
+        raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))
     try:
         env = LogSettings.from_env(os.environ)
     except ValueError as exc:
         print(f"meridian: {exc}", file=sys.stderr)
         raise SystemExit(2) from None
-    if argv[:1] and argv[0] in own:
-        if argv[0] == "sim":
-            level = env.level if os.environ.get(LEVEL_ENV, "").strip() else SIM_LOG_LEVEL
-            configure_logging(LogSettings(env.format, level))
-        module, _, function = own[argv[0]].partition(":")
-        raise SystemExit(getattr(importlib.import_module(module), function)(argv[1:]))
     args = build_parser(env).parse_args(argv)
     if hasattr(args, "log_format"):
         settings = LogSettings(args.log_format, args.log_level)

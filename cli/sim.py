@@ -13,8 +13,12 @@ written as JSON, Markdown and PNG plots to ``--out``.
 from __future__ import annotations
 
 import argparse
+import logging
+import os
 import sys
 import time
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 from typing import Any, TextIO
@@ -22,8 +26,14 @@ from typing import Any, TextIO
 from cli.options import HelpFormatter
 from common.config.node import ConfigError
 from common.config.topology import Topology, load_topology, topology_from_mapping
+from common.observability.logs import LEVEL_ENV, LogSettings
 
 QUICK = {"gpus": 48, "regions": 3, "requests": 2500}
+# The simulated tiers log as the servers do. In a simulation their warnings (a GPU
+# ejected, a zone marked down) are the scenario's own events, which its results and
+# timelines already show; hundreds of them would bury the progress bar.
+# MERIDIAN_LOG_LEVEL, when set, still wins.
+SIM_LOG_LEVEL = "error"
 DEFAULT_OUT = "bench/results/fleet"
 
 
@@ -168,7 +178,8 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     )
     specs = [replace(base, scenario=s, policy=p) for s in scenarios for p in policies]
     started = time.monotonic()
-    results = simulate(specs, args.jobs, out)
+    with tiers_logging_at(sim_log_level(os.environ)):
+        results = simulate(specs, args.jobs, out)
     run = RunResults(
         meta=_meta(args, topology, policies, time.monotonic() - started),
         scenarios=[
@@ -185,6 +196,27 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     for path in write_results(Path(args.out), run, plots=not args.no_plots):
         print(f"wrote {path}", file=out)
     return 0
+
+
+def sim_log_level(env: Mapping[str, str]) -> str:
+    """``MERIDIAN_LOG_LEVEL`` when set (a bad value: ValueError naming it), else
+    ``SIM_LOG_LEVEL``."""
+    settings = LogSettings.from_env(env)
+    return settings.level if env.get(LEVEL_ENV, "").strip() else SIM_LOG_LEVEL
+
+
+@contextmanager
+def tiers_logging_at(level: str) -> Iterator[None]:
+    """The root logger at ``level`` while the runs last (worker processes fork inside,
+    so they inherit it), as it was afterwards: ``sim_main`` may run in a caller's
+    process."""
+    root = logging.getLogger()
+    before = root.level
+    root.setLevel(level.upper())
+    try:
+        yield
+    finally:
+        root.setLevel(before)
 
 
 def _workload(name: str, seed: int) -> tuple[Any, Path | None]:

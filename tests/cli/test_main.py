@@ -143,30 +143,6 @@ def test_a_bad_log_variable_is_refused_naming_it() -> None:
     assert "MERIDIAN_LOG_LEVEL='loud'" in done.stderr
 
 
-@pytest.mark.parametrize(("level", "shown"), [(None, False), ("warning", True)])
-def test_a_simulation_keeps_its_tiers_warnings_off_the_terminal_unless_asked(
-    tmp_path: Path, level: str | None, shown: bool
-) -> None:
-    env = {k: v for k, v in os.environ.items() if k != "MERIDIAN_LOG_LEVEL"}
-    if level is not None:
-        env["MERIDIAN_LOG_LEVEL"] = level
-    scenario = ["--scenarios", "zone-then-region-lost", "--policies", "meridian"]
-    argv = ["sim", "run", "--quick", *scenario, "--requests", "800", "--jobs", "1", "--no-plots"]
-    argv += ["--out", str(tmp_path)]
-    done = subprocess.run(
-        [sys.executable, "-m", "cli.main", *argv],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert done.returncode == 0, done.stderr
-    # The zone and the region are lost either way: the results say so.
-    assert (tmp_path / "fleet.json").exists()
-    assert ("zone us-east-1a marked down" in done.stderr) is shown, done.stderr[-2000:]
-
-
 def test_log_options_default_to_the_environment_and_the_flag_wins() -> None:
     parser = build_parser(LogSettings.from_env({"MERIDIAN_LOG_FORMAT": "json"}))
     args = parser.parse_args(["global", "--config", "x.yaml"])

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from pathlib import Path
 
 import pytest
 import yaml
 
-from cli.sim import sim_main
+from cli.sim import sim_log_level, sim_main
 from common.config.topology import topology_from_mapping
 from sim.scenarios import SCENARIOS
 
@@ -110,6 +111,38 @@ def test_bad_input_names_what_to_fix(
 ) -> None:
     assert run(argv)[0] == 2
     assert message in capsys.readouterr().err
+
+
+def test_a_bad_log_level_is_refused_naming_the_variable(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("MERIDIAN_LOG_LEVEL", "loud")
+    assert run(["run", "--quick", "--requests", "10", "--no-plots"])[0] == 2
+    assert "MERIDIAN_LOG_LEVEL='loud'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("level", "shown"), [(None, False), ("warning", True)])
+def test_a_run_keeps_the_tiers_warnings_quiet_unless_asked_and_the_callers_level_as_it_was(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    level: str | None,
+    shown: bool,
+) -> None:
+    monkeypatch.delenv("MERIDIAN_LOG_LEVEL", raising=False)
+    if level is not None:
+        monkeypatch.setenv("MERIDIAN_LOG_LEVEL", level)
+    root = logging.getLogger()
+    before = root.level
+    argv = ["run", "--quick", "--scenarios", "zone-then-region-lost", "--policies", "meridian"]
+    argv += ["--requests", "800", "--jobs", "1", "--no-plots", "--out", str(tmp_path)]
+    code, text = run(argv)
+    assert code == 0, text
+    # The zone is lost either way (the results say so); its warnings show only if asked.
+    warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert any("zone us-east-1a marked down" in m for m in warned) is shown, warned[:5]
+    assert root.level == before
+    assert sim_log_level({}) == "error"
 
 
 def test_a_malformed_trace_line_is_named(
