@@ -45,9 +45,11 @@ async def test_a_task_that_will_not_stop_is_abandoned_after_the_bound(
 
     task = asyncio.create_task(stubborn())
     await asyncio.sleep(0)
-    await asyncio.wait_for(cancel_and_wait([task], timeout_s=0.3), 2)
-    assert not task.done() and "did not stop" in caplog.text
-    await asyncio.wait_for(cancel_and_wait([task]), 5)  # clean up: it ends eventually
+    try:
+        await asyncio.wait_for(cancel_and_wait([task], timeout_s=0.3), 2)
+        assert not task.done() and "did not stop" in caplog.text
+    finally:  # it ends eventually; left behind, it would hang the loop's teardown
+        await asyncio.wait_for(cancel_and_wait([task]), 5)
     assert task.cancelled()
 
 
