@@ -78,9 +78,14 @@ def test_ops_endpoints_on_every_tier(fleet_factory: Callable[[dict[str, Any]], F
             grpc.StatusCode.NOT_FOUND,
             lambda: client.infer(model="no-such-model"),
         )
-    after = requests_by_status(ops["global"], "global")
-    moved = {s: after.get(s, 0.0) - before.get(s, 0.0) for s in after}
-    assert moved == {"OK": 6.0, "NOT_FOUND": 1.0}
+
+    def moved() -> dict[str, float]:
+        after = requests_by_status(ops["global"], "global")
+        return {s: after.get(s, 0.0) - before.get(s, 0.0) for s in after}
+
+    # An abort reaches the client before the call's metrics are written: wait for them.
+    expected = {"OK": 6.0, "NOT_FOUND": 1.0}
+    wait_until(lambda: moved() == expected, 5.0, f"metrics {expected}")
 
     samples = parse(get(ops["global"], "/metrics")[1])
     ok = [
