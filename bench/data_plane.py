@@ -117,7 +117,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         compare = Path(args.compare).resolve() if args.compare else None
         stack = Stack(
             Path(tmp), checkout, gpus=args.gpus, time_scale=args.time_scale,
-            pin=not args.no_pin, compare=compare,
+            pin=not args.no_pin, compare=compare, twin=args.twin,
         )  # fmt: skip
         try:
             started = time.monotonic()
@@ -240,6 +240,11 @@ def main() -> None:
         "--compare",
         metavar="DIR",
         help="also run another checkout's tiers, as rows marked [compared] (before/after)",
+    )
+    parser.add_argument(
+        "--twin",
+        action="store_true",
+        help="also a second tier set like the first, its chain as a row: the run's noise floor",
     )
     parser.add_argument(
         "--name", default="data_plane", help="results file name (e.g. data_plane_hotpath)"

@@ -100,6 +100,10 @@ def goals(rows: dict[str, Any], tag: str = "", tiers: str = "tls") -> list[dict[
              _ratio(path_cpu("chain"), path_cpu("chain, TLS off")) - 1.0, "-"),
             ("local --workers 2 / 1 worker, req/s",
              _ratio(rps("local --workers 2"), rps("local")), "-"),
+            ("noise floor: the same chain on a second tier set, req/s apart (--twin)",
+             abs(1.0 - _ratio(rps("chain"), rps("chain, second set"))), "-"),
+            ("noise floor: the same chain on a second tier set, CPU per request apart (--twin)",
+             abs(_ratio(path_cpu("chain"), path_cpu("chain, second set")) - 1.0), "-"),
         ]  # fmt: skip
         out += [_goal(name, m, value, target) for name, value, target in figures]
     return out

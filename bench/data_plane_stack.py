@@ -46,6 +46,12 @@ from common.tenancy.auth import new_key
 BENCH_ROOT = Path(__file__).resolve().parent.parent
 PEERS = ("nginx", "haproxy", "envoy")
 COMPARED = " [compared]"  # the rows of --compare's checkout
+# Chains through the other tier sets, each differing from ``chain`` in one thing.
+CHAIN_VARIANTS = {
+    "plain": "chain, TLS off",
+    "untraced": "chain, tracing off",
+    "twin": "chain, second set",
+}
 # Connections the driver opens to a --workers tier: the kernel spreads connections, not
 # calls, over the workers (bench.workers measures 1 worker at as many too).
 WORKER_CONNECTIONS = 16
@@ -73,6 +79,9 @@ class Stack:
     peers: tuple[str, ...] = PEERS
     # Another checkout whose tiers run beside these (set ``cmp``): before/after in one run.
     compare: Path | None = None
+    # A second tier set configured as the first (``twin``) with its own chain row: how far
+    # two identical chains differ in one run, the floor under the tracing and TLS rows.
+    twin: bool = False
     procs: dict[str, Proc] = field(default_factory=dict)
     rows: list[Row] = field(default_factory=list)
     unavailable: dict[str, str] = field(default_factory=dict)  # row -> why not measured
@@ -138,6 +147,8 @@ class Stack:
         ]
         if self.compare is not None:
             specs.append(("cmp", self.tls, {}, every))
+        if self.twin:
+            specs.append(("twin", self.tls, {}, every))
         if workers:
             specs.append(("workers", self.tls, {}, ("local",)))
         else:
@@ -240,10 +251,11 @@ class Stack:
                     connections=WORKER_CONNECTIONS,
                 )
             )
-        for name in ("plain", "untraced"):
+        for name, label in CHAIN_VARIANTS.items():
+            if name not in self.sets:
+                continue
             s = self.sets[name]
             path = (f"{name}-global", f"{name}-regional", f"{name}-local", *meridian)
-            label = "chain, TLS off" if name == "plain" else "chain, tracing off"
             self.rows.append(Row(label, (s.address("global"),), path, None, True))
 
     # --- the driver --------------------------------------------------------------
