@@ -38,8 +38,9 @@ class Keepalive:
 
     time_s: float = 1.0
     # 0.75 s, not 1: a hung peer is then found within 1.75 s, so a request held up on it
-    # is answered elsewhere within the 2 s a partition may take to move traffic; a
-    # cross-region round trip plus a retransmit still fits well inside it.
+    # is answered elsewhere within the 2 s a partition may take to move traffic (at 1 s
+    # the worst case was 2 s before the retry). A cross-region round trip (~0.3 s at
+    # most) fits; a lossy long link may want more (the topology's keepalive key).
     timeout_s: float = 0.75
     without_calls: bool = True
     max_connection_age_s: float = DEFAULT_MAX_CONNECTION_AGE_S
