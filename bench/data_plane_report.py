@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import dataclass
 from typing import Any
 
@@ -65,6 +66,13 @@ class Figures:
     def path_cpu(self, row: str) -> float:
         return _get(self.rows, self._row(row), self.mode, "cpu_ms_per_req_path")
 
+    def paired(self, row: str, floor: str) -> float:
+        """The median over rounds of ``row``'s req/s over ``floor``'s in the same round:
+        a drift of the machine's load between rounds cancels out (NaN without pairs)."""
+        a, b = (self.rows.get(r, {}).get(self.mode, {}).get("rounds_rps") for r in (row, floor))
+        pairs = [x / y for x, y in zip(a or [], b or [], strict=False) if x and y]
+        return statistics.median(pairs) if pairs else NAN
+
 
 def goals(rows: dict[str, Any], tag: str = "", tiers: str = "tls") -> list[dict[str, Any]]:
     """Issue 14's goal, each figure from medians of the same run."""
@@ -100,6 +108,9 @@ def goals(rows: dict[str, Any], tag: str = "", tiers: str = "tls") -> list[dict[
              _ratio(path_cpu("chain"), path_cpu("chain, TLS off")) - 1.0, "-"),
             ("local --workers 2 / 1 worker, req/s",
              _ratio(rps("local --workers 2"), rps("local")), "-"),
+            ("tracing at the default sampler: req/s lost, paired by round "
+             "(chain, second set vs tracing off; --twin)",
+             1.0 - f.paired("chain, second set", "chain, tracing off"), "< 0.05"),
             ("noise floor: the same chain on a second tier set, req/s apart (--twin)",
              abs(1.0 - _ratio(rps("chain"), rps("chain, second set"))), "-"),
             ("noise floor: the same chain on a second tier set, CPU per request apart (--twin)",
