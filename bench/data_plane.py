@@ -12,11 +12,11 @@ tracing at the default sampler. Columns: unary ModelInfer and one ModelStreamInf
 stream per request, 1 token against near-instant GPUs (``--time-scale``), a closed loop
 of ``--concurrency``.
 
-Rows are interleaved in rounds (every row once per round, unary then stream) and each
-figure is the median over rounds. Per window: requests/s, P50/P99 latency and the P50
-added over *direct* in the same round, and the CPU seconds per request of every process
-in the row's path (utime+stime from /proc, the driver included), the figure that does
-not depend on how the cores were shared.
+Rows are interleaved in rounds (every row once per round, unary then stream; every other
+round in reverse order) and each figure is the median over rounds. Per window:
+requests/s, P50/P99 latency and the P50 added over *direct* in the same round, and the
+CPU seconds per request of every process in the row's path (utime+stime from /proc, the
+driver included), the figure that does not depend on how the cores were shared.
 
     python -m bench.data_plane                 # full run, ~5 min, writes bench/results/
     python -m bench.data_plane --quick         # ~40 s smoke, writes nothing
@@ -131,7 +131,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             for name, why in stack.unavailable.items():
                 print(f"  {name}: {why}", flush=True)
             for i in range(args.rounds):
-                for row in rows:
+                # Every other round backwards: no row always runs after the same one.
+                for row in rows if i % 2 == 0 else rows[::-1]:
                     for mode in MODES:
                         w = measure(stack, row, mode, args.seconds, args.warmup, args.concurrency)
                         # The latency one request adds, without queueing: 1 in flight.
