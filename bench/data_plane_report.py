@@ -69,7 +69,10 @@ class Figures:
     def paired(self, row: str, floor: str) -> float:
         """The median over rounds of ``row``'s req/s over ``floor``'s in the same round:
         a drift of the machine's load between rounds cancels out (NaN without pairs)."""
-        a, b = (self.rows.get(r, {}).get(self.mode, {}).get("rounds_rps") for r in (row, floor))
+        a, b = (
+            self.rows.get(self._row(r), {}).get(self.mode, {}).get("rounds_rps")
+            for r in (row, floor)
+        )
         pairs = [x / y for x, y in zip(a or [], b or [], strict=False) if x and y]
         return statistics.median(pairs) if pairs else NAN
 
