@@ -34,6 +34,7 @@ from common.tenancy.auth import Authenticator, asked_priority
 from common.tenancy.concurrency import TenantConcurrency
 from common.tenancy.quota import TenantRateLimiter
 from common.tenancy.settle import QuotaSettler
+from common.tenancy.shared_redis import QuotaRedis
 from common.tenancy.usage import UsageRecord, UsageRecorder
 
 
@@ -48,6 +49,8 @@ class Admission:
     usage: UsageRecorder | None = None
     # Settles token charges on real counts (set with a limiter, see edge_admission).
     settler: QuotaSettler | None = None
+    # The Redis client the limiter and the concurrency caps share (closed here).
+    shared: QuotaRedis | None = None
 
     async def start(self) -> None:
         if self.usage is not None:
@@ -66,6 +69,8 @@ class Admission:
             await self.limiter.close()
         if self.concurrency is not None:
             await self.concurrency.close()
+        if self.shared is not None:
+            await self.shared.close()
 
     def tenant(self, tenant_id: str) -> TenantConfig:
         return self.auth.tenant(tenant_id) or ANONYMOUS
@@ -84,24 +89,21 @@ class Admission:
         (exactly once counts: a second call gives nothing back). The tokens charged
         go into ``call.tokens_charged``, for ``call_ended`` to settle.
 
-        The concurrency lease is taken first: a request refused for being one too
-        many takes nothing from the rate limits; one refused by a rate limit gives
-        its lease straight back."""
+        The concurrency lease is counted first: a request refused for being one too
+        many takes nothing from the rate limits; one refused by a rate limit takes no
+        lease. With both, one script in Redis does it all (one round trip)."""
         tenant = self.tenant(hints.tenant)
         if tenant is ANONYMOUS:
             return no_release
+        tokens = int(pick.work_tokens)
+        rates = self.limiter.check(tenant, tokens) if self.limiter is not None else None
         release = no_release
         if self.concurrency is not None:
-            release = await self.concurrency.acquire(tenant)
-        if self.limiter is not None:
-            tokens = int(pick.work_tokens)
-            try:
-                await self.limiter.admit(tenant, tokens)
-            except BaseException:
-                release()
-                raise
-            if call is not None and tenant.tokens_per_min is not None:
-                call.tokens_charged = tokens
+            release = await self.concurrency.acquire(tenant, rates)
+        elif rates is not None:
+            await rates.admit()
+        if call is not None and rates is not None and tenant.tokens_per_min is not None:
+            call.tokens_charged = tokens
         return release
 
     # As a CallObserver of the call interceptor (common.request.call): one usage
@@ -151,24 +153,28 @@ def edge_admission(
     one's fallback while Redis is down is its 1/replicas share)."""
     limited = any(t.requests_per_s or t.tokens_per_min for t in auth.tenants)
     capped = any(t.max_concurrent is not None for t in auth.tenants)
-    # 200 ms: a busy event loop must not push a replica onto its fallback share.
-    timeout_s = 0.2
-    limiter = (
-        TenantRateLimiter(redis_url, replicas=replicas, redis_timeout_s=timeout_s)
-        if limited
+    # One client for both quotas (one script admits a request to both), so Redis is up
+    # or down for both at once. 200 ms: a busy event loop must not push a replica onto
+    # its fallback share.
+    shared = (
+        QuotaRedis(
+            redis_url,
+            what="quota",
+            fallback=f"limiting and capping each tenant in process at 1/{replicas} of its limits",
+            timeout_s=0.2,
+        )
+        if limited or capped
         else None
     )
+    limiter = TenantRateLimiter(shared, replicas=replicas) if shared and limited else None
     return Admission(
         auth,
         authenticator=Authenticator(auth) if auth.enabled else None,
         limiter=limiter,
         settler=QuotaSettler(limiter) if limiter is not None else None,
-        concurrency=(
-            TenantConcurrency(redis_url, replicas=replicas, redis_timeout_s=timeout_s)
-            if capped
-            else None
-        ),
+        concurrency=TenantConcurrency(shared, replicas=replicas) if shared and capped else None,
         usage=UsageRecorder(redis_url, replicas_ack=usage_replicas_ack),
+        shared=shared,
     )
 
 

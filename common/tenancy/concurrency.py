@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import math
 import time
@@ -18,7 +19,9 @@ from dataclasses import dataclass, field
 from common.basics.errors import RouteError
 from common.config.access import TenantConfig
 from common.request.streaming import Release, no_release
-from common.tenancy.shared_redis import Clock, QuotaRedis, RedisDown, Script, raise_lost_cancel
+from common.tenancy.quota import RateCheck
+from common.tenancy.quota_scripts import ADMIT, OVER_CAP, SYNC
+from common.tenancy.shared_redis import Clock, QuotaRedis, RedisDown, raise_lost_cancel
 
 log = logging.getLogger(__name__)
 
@@ -27,36 +30,10 @@ LEASE_TTL_S = 5.0
 # Renewals per TTL: a lease survives RENEWALS - 1 missed ones (Redis slow, loop busy).
 RENEWALS = 5
 LIMIT = "max_concurrent"
-
-# KEYS[1]: the tenant's leases, a sorted set of lease ids scored by expiry (Redis
-# TIME, ms). ARGV: the new lease, the cap, the TTL (ms), then leases this replica
-# released whose removal may not have landed yet (so its own release is seen at
-# once). Expired leases go first. Reply: {granted 0|1, leases held}.
-ACQUIRE = Script("""
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local key = KEYS[1]
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-for i = 4, #ARGV do redis.call('ZREM', key, ARGV[i]) end
-local n = redis.call('ZCARD', key)
-if n >= tonumber(ARGV[2]) then return {0, n} end
-redis.call('ZADD', key, now + tonumber(ARGV[3]), ARGV[1])
-redis.call('PEXPIRE', key, ARGV[3])
-return {1, n + 1}
-""")
-
-# KEYS[1] as above. ARGV: the TTL (ms), how many released leases follow, those,
-# then the live ones, added back (after a Redis restart) or renewed. Reply: {held}.
-SYNC = Script("""
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local key, ttl, gone = KEYS[1], tonumber(ARGV[1]), tonumber(ARGV[2])
-for i = 3, 2 + gone do redis.call('ZREM', key, ARGV[i]) end
-for i = 3 + gone, #ARGV do redis.call('ZADD', key, now + ttl, ARGV[i]) end
-if #ARGV > 2 + gone then redis.call('PEXPIRE', key, ttl) end
-redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-return {redis.call('ZCARD', key)}
-""")
+# How long a release waits for the keeper: meanwhile the next acquire carries it to
+# Redis, and the rest go out together. Another replica sees a slot freed here this
+# much later at most (stricter, never looser); this replica sees it at once.
+RELEASE_BATCH_S = 0.02
 
 
 @dataclass
@@ -71,17 +48,20 @@ class Leases:
 class TenantConcurrency:
     """``max_concurrent`` per tenant across all edge replicas: leases in Redis.
 
-    Algorithm: each admitted request holds a lease, a random id in the sorted set
+    Algorithm: each admitted request holds a lease, a unique id in the sorted set
     ``<key_prefix>:{<tenant>}:leases`` scored by its expiry. ``acquire`` runs one
-    Lua script: drop expired leases, count, add the new one if the count is under
-    the cap, else RESOURCE_EXHAUSTED with ``retry-after-ms`` (a fixed hint: when a
-    slot frees cannot be known) and ``x-meridian-quota: max_concurrent``, so no tier
-    fails it over. The ``Release`` it returns gives the lease back exactly once,
-    however often it is called; a call that ends in any way (ok, error,
-    cancellation) calls it. A keeper task removes released leases from Redis at
-    once and renews live ones every ``lease_ttl_s / 5`` (expiry ``lease_ttl_s``, 5 s),
-    so a long call keeps its lease and a crashed replica's leases vanish within
-    ``lease_ttl_s`` (meanwhile the cap is stricter, never looser).
+    Lua script (``ADMIT``, with the request's rate limits when it has any, so the
+    edge admits a request in one round trip): drop expired leases, count, add the
+    new one if the count is under the cap, else RESOURCE_EXHAUSTED with
+    ``retry-after-ms`` (a fixed hint: when a slot frees cannot be known) and
+    ``x-meridian-quota: max_concurrent``, so no tier fails it over. The ``Release``
+    it returns gives the lease back exactly once, however often it is called; a
+    call that ends in any way (ok, error, cancellation) calls it. Released leases
+    ride on this replica's next acquire; a keeper task removes those still left
+    within ``RELEASE_BATCH_S`` and renews live ones every ``lease_ttl_s / 5``
+    (expiry ``lease_ttl_s``, 5 s), so a long call keeps its lease and a crashed
+    replica's leases vanish within ``lease_ttl_s`` (meanwhile the cap is stricter,
+    never looser).
 
     Failure mode: Redis calls go through ``QuotaRedis`` (bounded, one retry on a
     new connection: a broken pooled connection never flips it). While Redis is
@@ -99,7 +79,7 @@ class TenantConcurrency:
 
     def __init__(
         self,
-        redis_url: str,
+        redis: str | QuotaRedis,
         *,
         replicas: int = 1,
         clock: Clock = time.time,
@@ -108,6 +88,9 @@ class TenantConcurrency:
         lease_ttl_s: float = LEASE_TTL_S,
         retry_after_ms: int = 100,
     ) -> None:
+        """``redis``: a URL (a client of its own) or the edge's ``QuotaRedis``, shared
+        with its rate limits (then ``redis_timeout_s`` is that client's, and its owner
+        closes it)."""
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas!r}")
         if lease_ttl_s <= 0:
@@ -117,13 +100,21 @@ class TenantConcurrency:
         self.lease_ttl_ms = max(1, round(lease_ttl_s * 1000))
         self.renew_every_s = lease_ttl_s / RENEWALS
         self.retry_after_ms = retry_after_ms
-        self.shared = QuotaRedis(
-            redis_url,
-            what="concurrency",
-            fallback=f"capping each tenant at 1/{replicas} of max_concurrent in process",
-            timeout_s=redis_timeout_s,
-            clock=clock,
+        self._owns_redis = not isinstance(redis, QuotaRedis)
+        self.shared = (
+            redis
+            if isinstance(redis, QuotaRedis)
+            else QuotaRedis(
+                redis,
+                what="concurrency",
+                fallback=f"capping each tenant at 1/{replicas} of max_concurrent in process",
+                timeout_s=redis_timeout_s,
+                clock=clock,
+            )
         )
+        # Lease ids: this replica's random prefix and a serial (unique without a
+        # uuid4, that is an os.urandom call, per request).
+        self._lease_ids = map(f"{uuid.uuid4().hex[:16]}-{{}}".format, itertools.count())
         self._tenants: dict[str, Leases] = {}
         self._synced_reconnects = 0
         self._sync_lock = asyncio.Lock()
@@ -147,51 +138,81 @@ class TenantConcurrency:
     def key(self, tenant_id: str) -> str:
         return f"{self.key_prefix}:{{{tenant_id}}}:leases"
 
-    async def acquire(self, tenant: TenantConfig) -> Release:
-        """A lease for one request (the release to call when it ends), or RouteError."""
+    async def acquire(self, tenant: TenantConfig, rates: RateCheck | None = None) -> Release:
+        """A lease for one request (the release to call when it ends), or RouteError.
+
+        ``rates``: the request's rate limits, taken in the same script as the lease
+        (``ADMIT``: one round trip, all or nothing, the cap looked at first)."""
         cap = tenant.max_concurrent
         if cap is None:
+            if rates is not None:
+                await rates.admit()
             return no_release
         self._start_keeper()
-        lease, held = uuid.uuid4().hex, None
+        lease, reply = next(self._lease_ids), None
         if self.shared.due():
             try:
-                held = await self._acquire_shared(tenant.id, lease, cap)
+                reply = await self._acquire_shared(tenant.id, lease, cap, rates)
                 raise_lost_cancel()
             except BaseException:
-                held = None
+                reply = None
                 raise
             finally:
-                if held is None:  # failed or cancelled: the lease may have reached Redis
+                if reply is None:  # failed or cancelled: the lease may have reached Redis
                     self._leases(tenant.id).released.add(lease)
                     self._wake.set()
-        if held is None:  # Redis is down: counted in process
-            lease, held = uuid.uuid4().hex, self._acquire_local(tenant.id, cap)
-        if held < 0:
-            raise RouteError.over_quota(
-                f"tenant '{tenant.id}' has {-held} requests in flight, its limit ({LIMIT} "
-                f"{cap}); retry when one finishes",
-                self.retry_after_ms,
-                LIMIT,
-            )
+        if reply is None:  # Redis is down: counted in process
+            return self._acquire_in_process(tenant, cap, rates)
+        outcome, held = int(reply[0]), int(reply[1])
+        if outcome == OVER_CAP:
+            raise self._over_cap(tenant, cap, held)
+        if rates is not None:
+            rates.answered(reply[2:])  # raises when over a rate: then no lease was added
         self._leases(tenant.id).live.add(lease)
         return self._release_of(tenant.id, lease)
 
-    async def _acquire_shared(self, tenant_id: str, lease: str, cap: int) -> int | None:
-        """Leases held after the acquire, negative when refused; None: Redis is down."""
+    def _acquire_in_process(
+        self, tenant: TenantConfig, cap: int, rates: RateCheck | None
+    ) -> Release:
+        """While Redis is down: this replica's share of the cap, then the rates' share."""
+        held = self._acquire_local(tenant.id, cap)
+        if held < 0:
+            raise self._over_cap(tenant, cap, -held)
+        if rates is not None:
+            rates.in_process()
+        lease = next(self._lease_ids)
+        self._leases(tenant.id).live.add(lease)
+        return self._release_of(tenant.id, lease)
+
+    def _over_cap(self, tenant: TenantConfig, cap: int, held: int) -> RouteError:
+        return RouteError.over_quota(
+            f"tenant '{tenant.id}' has {held} requests in flight, its limit ({LIMIT} "
+            f"{cap}); retry when one finishes",
+            self.retry_after_ms,
+            LIMIT,
+        )
+
+    async def _acquire_shared(
+        self, tenant_id: str, lease: str, cap: int, rates: RateCheck | None
+    ) -> list[int] | None:
+        """``ADMIT``'s reply; None: Redis is down. The released leases it carries are
+        gone from Redis once it answered."""
         try:
             if self._resync_pending():
                 await self.sync(renew=True)  # ours back first: the count must include them
-            gone = self._tenants[tenant_id].released if tenant_id in self._tenants else set()
-            granted, held = await self.shared.run(
-                ACQUIRE,
-                [self.key(tenant_id)],
-                [lease, str(cap), str(self.lease_ttl_ms), *gone],
-                reconnected=lambda: self.sync(renew=True),
+            leases = self._tenants.get(tenant_id)
+            gone = list(leases.released) if leases is not None else []
+            keys, args = [self.key(tenant_id)], [lease, str(cap), str(self.lease_ttl_ms), *gone]
+            if rates is not None:
+                keys, args = [*rates.keys, *keys], [*rates.args, *args]
+            reply = await self.shared.run(
+                ADMIT, keys, args, reconnected=lambda: self.sync(renew=True)
             )
         except RedisDown:
             return None
-        return int(held) if granted else -int(held)
+        if gone:
+            self._leases(tenant_id).released.difference_update(gone)
+        return reply
 
     def _resync_pending(self) -> bool:
         """Redis was down, or a call found its connection broken (a restart may have
@@ -243,7 +264,8 @@ class TenantConcurrency:
             self._keeper = asyncio.create_task(self._keep(), name="concurrency-lease-keeper")
 
     async def _keep(self) -> None:
-        """Releases out at once, renewals on their cadence, and at once after a reconnect."""
+        """Releases out within RELEASE_BATCH_S, renewals on their cadence, and at once
+        after a reconnect."""
         loop = asyncio.get_running_loop()
         renew_at = loop.time() + self.renew_every_s
         while not self._closing:
@@ -253,6 +275,8 @@ class TenantConcurrency:
                         await self._wake.wait()
             self._wake.clear()
             renew = self._resync_pending() or loop.time() >= renew_at
+            if not renew and not self._closing:  # woken by a release: more may follow
+                await asyncio.sleep(RELEASE_BATCH_S)
             if renew:
                 renew_at = loop.time() + self.renew_every_s
             if self.shared.due():
@@ -273,4 +297,5 @@ class TenantConcurrency:
         if not self.shared.degraded:
             with contextlib.suppress(RedisDown):
                 await self.sync(renew=False)
-        await self.shared.close()
+        if self._owns_redis:
+            await self.shared.close()

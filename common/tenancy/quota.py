@@ -33,7 +33,8 @@ from dataclasses import dataclass
 
 from common.basics.errors import RouteError
 from common.config.access import TenantConfig
-from common.tenancy.shared_redis import Clock, QuotaRedis, RedisDown, Script, raise_lost_cancel
+from common.tenancy.quota_scripts import GCRA, SETTLE
+from common.tenancy.shared_redis import Clock, QuotaRedis, RedisDown, raise_lost_cancel
 
 # Bursts: one second of requests, ten seconds of tokens (see request_burst/token_burst).
 TOKEN_BURST_S = 10.0
@@ -111,75 +112,6 @@ def raise_if_over(tenant: TenantConfig, limits: Sequence[Limit], waits: Sequence
     )
 
 
-# All limits of one request in one step, all or nothing: a request refused by one
-# limit takes nothing from the other. Time is Redis's TIME, in µs, so every replica
-# reads one clock (no skew between hosts). TATs are stored as integer µs strings
-# with a PX expiry at the TAT: an idle tenant's keys vanish. Per limit, ARGV holds
-# interval, tolerance (burst × interval), cost, the caller's *floor* (how far ahead
-# of now its own copy of the TAT is) and whether to *force* it. The floor raises a
-# missing TAT (a Redis that restarted empty gives no fresh burst) and, forced, a
-# stored one that missed what the caller admitted in process while Redis was down.
-# The reply holds, per limit, the wait (0: conforms) and the TAT − now that results.
-GCRA = Script("""
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local tats, reply, over = {}, {}, false
-for i, key in ipairs(KEYS) do
-  local interval = tonumber(ARGV[5 * i - 4])
-  local tolerance = tonumber(ARGV[5 * i - 3])
-  local cost = tonumber(ARGV[5 * i - 2])
-  local stored = tonumber(redis.call('GET', key))
-  local tat = math.max(stored or now, now)
-  if stored == nil or ARGV[5 * i] == '1' then
-    tat = math.max(tat, now + tonumber(ARGV[5 * i - 1]))
-  end
-  tats[i] = tat + cost * interval
-  local wait = tats[i] - tolerance - now
-  if wait > 0 then
-    reply[2 * i - 1] = math.ceil(wait)
-    over = true
-  else
-    reply[2 * i - 1] = 0
-  end
-  reply[2 * i] = math.floor(tat - now)
-end
-if not over then
-  for i, key in ipairs(KEYS) do
-    local ttl = math.max(1, math.ceil((tats[i] - now) / 1000))
-    redis.call('SET', key, string.format('%.0f', tats[i]), 'PX', ttl)
-    reply[2 * i] = math.floor(tats[i] - now)
-  end
-end
-return reply
-""")
-GCRA_SCRIPT = GCRA.text
-GCRA_SHA = GCRA.sha
-
-# Settling a request's tokens on its real count: move the TAT by the difference
-# (ARGV[1], µs, negative for a refund), without any conformance check (the request
-# was already served). The caller's floor and force (ARGV[2], ARGV[3]) work as in
-# GCRA, so a settlement is never how a restarted Redis hands out a fresh burst. A
-# refund stops at now: a full bucket, never more than its burst. Replies with
-# TAT − now that results (0: full, the key removed).
-SETTLE = Script("""
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-local stored = tonumber(redis.call('GET', KEYS[1]))
-local tat = math.max(stored or now, now)
-if stored == nil or ARGV[3] == '1' then
-  tat = math.max(tat, now + tonumber(ARGV[2]))
-end
-tat = tat + tonumber(ARGV[1])
-if tat <= now then
-  redis.call('DEL', KEYS[1])
-  return {0}
-end
-local ttl = math.max(1, math.ceil((tat - now) / 1000))
-redis.call('SET', KEYS[1], string.format('%.0f', tat), 'PX', ttl)
-return {math.floor(tat - now)}
-""")
-
-
 class TenantRateLimiter:
     """Per-tenant ``requests_per_s`` and ``tokens_per_min``, shared by all replicas.
 
@@ -220,24 +152,31 @@ class TenantRateLimiter:
 
     def __init__(
         self,
-        redis_url: str,
+        redis: str | QuotaRedis,
         *,
         replicas: int = 1,
         clock: Clock = time.time,
         key_prefix: str = "meridian:quota",
         redis_timeout_s: float = 0.05,
     ) -> None:
+        """``redis``: a URL (a client of its own) or the edge's ``QuotaRedis``, shared
+        with its leases (then ``redis_timeout_s`` is that client's, and it closes it)."""
         if replicas < 1:
             raise ValueError(f"replicas must be >= 1, got {replicas!r}")
         self.replicas = replicas
         self.clock = clock
         self.key_prefix = key_prefix
-        self.shared = QuotaRedis(
-            redis_url,
-            what="quota",
-            fallback=f"limiting in process at 1/{replicas} of each tenant's limit",
-            timeout_s=redis_timeout_s,
-            clock=clock,
+        self._owns_redis = not isinstance(redis, QuotaRedis)
+        self.shared = (
+            redis
+            if isinstance(redis, QuotaRedis)
+            else QuotaRedis(
+                redis,
+                what="quota",
+                fallback=f"limiting in process at 1/{replicas} of each tenant's limit",
+                timeout_s=redis_timeout_s,
+                clock=clock,
+            )
         )
         # This replica's copy of each TAT ("<tenant>:rps|tpm"), in its own clock.
         self._local: dict[str, float] = {}
@@ -254,27 +193,23 @@ class TenantRateLimiter:
         return self.shared.outages
 
     async def close(self) -> None:
-        await self.shared.close()
+        if self._owns_redis:
+            await self.shared.close()
 
     async def admit(self, tenant: TenantConfig, tokens: int) -> None:
         """Take one request of ``tokens`` from the tenant's limits, or raise RouteError."""
+        check = self.check(tenant, tokens)
+        if check is not None:
+            await check.admit()
+
+    def check(self, tenant: TenantConfig, tokens: int) -> RateCheck | None:
+        """One request's limits, ready to send (None: the tenant has none); raises
+        INVALID_ARGUMENT for a request larger than its token burst."""
         limits = tenant_limits(tenant, tokens)
         if not limits:
-            return
-        waits = None
-        if self.shared.due():
-            try:
-                waits = await self._admit_redis(tenant.id, limits)
-            except RedisDown:
-                pass
-            raise_lost_cancel()
-        if waits is None:
-            waits = self._admit_local(tenant.id, limits)
-        raise_if_over(tenant, limits, waits)
-
-    async def _admit_redis(self, tenant_id: str, limits: Sequence[Limit]) -> list[float]:
-        keys = [f"{self.key_prefix}:{{{tenant_id}}}:{limit.key}" for limit in limits]
-        copies = [f"{tenant_id}:{limit.key}" for limit in limits]
+            return None
+        keys = [f"{self.key_prefix}:{{{tenant.id}}}:{limit.key}" for limit in limits]
+        copies = [f"{tenant.id}:{limit.key}" for limit in limits]
         sent = self.clock()
         args: list[str] = []
         for limit, copy in zip(limits, copies, strict=True):
@@ -284,12 +219,16 @@ class TenantRateLimiter:
             floor_us = min(max(0.0, ahead_us), tolerance_us)
             force = "1" if copy in self._unsynced else "0"
             args += [repr(interval_us), repr(tolerance_us), repr(limit.cost), repr(floor_us), force]
-        reply = await self.shared.run(GCRA, keys, args)
-        waits = [int(reply[2 * i]) / 1e6 for i in range(len(limits))]
-        for i, copy in enumerate(copies):
-            self._local[copy] = sent + int(reply[2 * i + 1]) / 1e6
+        return RateCheck(self, tenant, limits, keys, args, copies, sent)
+
+    def _answered(self, check: RateCheck, reply: Sequence[int]) -> list[float]:
+        """The waits (seconds, one per limit; 0: conforms) in GCRA's reply to ``check``;
+        this replica's copies of the TATs are set from it."""
+        waits = [int(reply[2 * i]) / 1e6 for i in range(len(check.copies))]
+        for i, copy in enumerate(check.copies):
+            self._local[copy] = check.sent + int(reply[2 * i + 1]) / 1e6
         if all(wait == 0 for wait in waits):  # stored: Redis has what the copies had
-            self._unsynced.difference_update(copies)
+            self._unsynced.difference_update(check.copies)
         return waits
 
     async def settle(self, tenant: TenantConfig, tokens: int) -> None:
@@ -337,3 +276,42 @@ class TenantRateLimiter:
                 self._local[key] = tat
                 self._unsynced.add(key)
         return [wait for _, _, wait in steps]
+
+
+@dataclass(slots=True)
+class RateCheck:
+    """One request's rate limits at this replica, checked in one of three ways: alone
+    in Redis (``admit``), inside another script that runs GCRA on ``keys`` and ``args``
+    (the edge's lease, ``common.tenancy.concurrency``) and then ``answered``, or in
+    process while Redis is down (``in_process``). Each takes the request from every
+    limit or raises RouteError naming those it is over."""
+
+    limiter: TenantRateLimiter
+    tenant: TenantConfig
+    limits: list[Limit]
+    keys: list[str]
+    args: list[str]  # five per limit (see GCRA)
+    copies: list[str]  # this replica's copy of each limit's TAT
+    sent: float  # the limiter's clock when ``args`` were worked out
+
+    async def admit(self) -> None:
+        waits = None
+        limiter = self.limiter
+        if limiter.shared.due():
+            try:
+                reply = await limiter.shared.run(GCRA, self.keys, self.args)
+                waits = limiter._answered(self, reply)
+            except RedisDown:
+                pass
+            raise_lost_cancel()
+        if waits is None:
+            waits = limiter._admit_local(self.tenant.id, self.limits)
+        raise_if_over(self.tenant, self.limits, waits)
+
+    def answered(self, reply: Sequence[int]) -> None:
+        """GCRA's part of another script's reply."""
+        raise_if_over(self.tenant, self.limits, self.limiter._answered(self, reply))
+
+    def in_process(self) -> None:
+        waits = self.limiter._admit_local(self.tenant.id, self.limits)
+        raise_if_over(self.tenant, self.limits, waits)

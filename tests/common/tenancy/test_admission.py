@@ -270,7 +270,7 @@ async def test_uncapped_and_anonymous_callers_take_no_lease(edges: EdgeFactory) 
         await anonymous.admit(anonymous.identify([], edge_hints([])), pick())
 
 
-async def test_a_request_over_its_rate_gives_its_lease_straight_back(edges: EdgeFactory) -> None:
+async def test_a_request_over_its_rate_holds_no_lease(edges: EdgeFactory) -> None:
     who = tenant(max_concurrent=5, requests_per_s=1)
     admission = edges(who)
     hints = admission.identify(key_of(who), edge_hints(key_of(who)))

@@ -13,12 +13,12 @@ from common.basics.errors import RETRY_AFTER_MS, TENANT_QUOTA, RouteError
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.access import TenantConfig
 from common.tenancy.quota import (
-    GCRA_SHA,
     TenantRateLimiter,
     gcra,
     request_burst,
     token_burst,
 )
+from common.tenancy.quota_scripts import GCRA
 
 LimiterFactory = Callable[..., TenantRateLimiter]
 QUOTA_LOG = "common.tenancy.shared_redis"
@@ -277,7 +277,7 @@ async def test_script_is_loaded_again_after_redis_forgets_it(
     try:
         client.script_flush()
         await limiter.admit(who, 1)  # EVALSHA -> NOSCRIPT -> EVAL
-        assert client.script_exists(GCRA_SHA) == [True]
+        assert client.script_exists(GCRA.sha) == [True]
     finally:
         client.close()
     assert limiter.outages == 0
