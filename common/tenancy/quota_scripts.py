@@ -14,7 +14,7 @@ Time is Redis's TIME, so every replica reads one clock (no skew between hosts):
 
 from __future__ import annotations
 
-from common.tenancy.shared_redis import Script
+from common.tenancy.script_batch import Script
 
 REDIS_NOW_US = """
 local t = redis.call('TIME')

@@ -10,25 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
 from typing import cast
 
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, RedisError
+from redis.exceptions import RedisError
 
 from common.basics.backoff import Backoff
 from common.basics.redis_url import async_redis
+from common.tenancy.script_batch import Script, ScriptBatch
 
 log = logging.getLogger(__name__)
 
 Clock = Callable[[], float]
-Reply = Awaitable[list[int]]
 
 # Re-try Redis after an outage no sooner than this, doubling up to the max.
 RETRY_MIN_S = 0.5
@@ -39,17 +37,6 @@ CALL_TIMEOUTS = 3
 
 class RedisDown(Exception):
     """Redis did not answer a quota's call: count in process instead."""
-
-
-@dataclass(frozen=True)
-class Script:
-    """A Lua script, sent by its SHA-1 (EVALSHA) and as text only when Redis lacks it."""
-
-    text: str
-    sha: str = field(init=False)
-
-    def __post_init__(self) -> None:
-        object.__setattr__(self, "sha", hashlib.sha1(self.text.encode()).hexdigest())
 
 
 def _broken_connection(exc: BaseException) -> bool:
@@ -108,6 +95,8 @@ class QuotaRedis:
             socket_connect_timeout=timeout_s,
             retry=Retry(NoBackoff(), 0),
         )
+        # Scripts asked for in one loop turn share a round trip (common.tenancy.script_batch).
+        self.batch = ScriptBatch(self.client)
         self.degraded = False
         self.outages = 0
         self.reconnects = 0
@@ -116,6 +105,7 @@ class QuotaRedis:
         self._retry_at = 0.0
 
     async def close(self) -> None:
+        await self.batch.drain()
         await self.client.aclose()
 
     def due(self) -> bool:
@@ -162,10 +152,7 @@ class QuotaRedis:
         self, script: Script, keys: Sequence[str], args: Sequence[str]
     ) -> list[int]:
         async with asyncio.timeout(CALL_TIMEOUTS * self.timeout_s):
-            try:
-                return await cast(Reply, self.client.evalsha(script.sha, len(keys), *keys, *args))
-            except NoScriptError:
-                return await cast(Reply, self.client.eval(script.text, len(keys), *keys, *args))
+            return cast(list[int], await self.batch.run(script, keys, args))
 
     def _failed(self, exc: BaseException) -> None:
         if not self.degraded:
