@@ -30,10 +30,6 @@ LEASE_TTL_S = 5.0
 # Renewals per TTL: a lease survives RENEWALS - 1 missed ones (Redis slow, loop busy).
 RENEWALS = 5
 LIMIT = "max_concurrent"
-# How long a release waits for the keeper: meanwhile the next acquire carries it to
-# Redis, and the rest go out together. Another replica sees a slot freed here this
-# much later at most (stricter, never looser); this replica sees it at once.
-RELEASE_BATCH_S = 0.02
 
 
 @dataclass
@@ -56,9 +52,10 @@ class TenantConcurrency:
     ``retry-after-ms`` (a fixed hint: when a slot frees cannot be known) and
     ``x-meridian-quota: max_concurrent``, so no tier fails it over. The ``Release``
     it returns gives the lease back exactly once, however often it is called; a
-    call that ends in any way (ok, error, cancellation) calls it. Released leases
-    ride on this replica's next acquire; a keeper task removes those still left
-    within ``RELEASE_BATCH_S`` and renews live ones every ``lease_ttl_s / 5``
+    call that ends in any way (ok, error, cancellation) calls it. A keeper task
+    removes released leases from Redis at once (in the same pipeline as the
+    acquires of that loop turn, ``common.tenancy.script_batch``; an acquire also
+    carries the releases it finds) and renews live ones every ``lease_ttl_s / 5``
     (expiry ``lease_ttl_s``, 5 s), so a long call keeps its lease and a crashed
     replica's leases vanish within ``lease_ttl_s`` (meanwhile the cap is stricter,
     never looser).
@@ -264,8 +261,7 @@ class TenantConcurrency:
             self._keeper = asyncio.create_task(self._keep(), name="concurrency-lease-keeper")
 
     async def _keep(self) -> None:
-        """Releases out within RELEASE_BATCH_S, renewals on their cadence, and at once
-        after a reconnect."""
+        """Releases out at once, renewals on their cadence, and at once after a reconnect."""
         loop = asyncio.get_running_loop()
         renew_at = loop.time() + self.renew_every_s
         while not self._closing:
@@ -275,8 +271,6 @@ class TenantConcurrency:
                         await self._wake.wait()
             self._wake.clear()
             renew = self._resync_pending() or loop.time() >= renew_at
-            if not renew and not self._closing:  # woken by a release: more may follow
-                await asyncio.sleep(RELEASE_BATCH_S)
             if renew:
                 renew_at = loop.time() + self.renew_every_s
             if self.shared.due():

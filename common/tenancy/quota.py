@@ -116,8 +116,10 @@ class TenantRateLimiter:
     """Per-tenant ``requests_per_s`` and ``tokens_per_min``, shared by all replicas.
 
     Algorithm: GCRA (module docstring) in one atomic Lua script (EVALSHA, EVAL on
-    NOSCRIPT) over one key per limit, ``<key_prefix>:{<tenant>}:rps|tpm`` (the hash
-    tag keeps both in one cluster slot). A request costs 1 against requests_per_s
+    NOSCRIPT; for a tenant with ``max_concurrent`` too, inside its lease's script,
+    ``common.tenancy.concurrency``) over one key per limit,
+    ``<key_prefix>:{<tenant>}:rps|tpm`` (the hash tag keeps both in one cluster
+    slot). A request costs 1 against requests_per_s
     and ``tokens`` (prompt + max_tokens) against tokens_per_min; bursts are one
     second of requests and ten seconds of tokens; ``settle`` later moves the
     tokens_per_min TAT to the request's real count (module docstring). Over either limit:

@@ -9,6 +9,11 @@ atomic on its own, and one script's error is only its caller's. A call alone
 goes out as a plain EVALSHA. Calls Redis answers NOSCRIPT (it restarted, or its
 scripts were flushed) are sent once more as EVAL.
 
+One batch is on its way at a time; calls made meanwhile wait for it and go in
+the next. So scripts run in Redis in the order they were asked for: a lease's
+release (``common.tenancy.concurrency``) never overtakes its acquire, as it
+could on two pooled connections.
+
 A batch's connection error or timeout is every call's in it (they shared the
 connection); the caller (``QuotaRedis``) decides what it means. A caller that
 stops waiting (cancelled, timed out) leaves its script to run: whatever it does
@@ -47,12 +52,14 @@ class _Call:
 
 
 class ScriptBatch:
-    """Runs scripts on ``client``, those asked for in one loop turn in one pipeline."""
+    """Runs scripts on ``client``: those asked for in one loop turn, or while the batch
+    before was on its way, in one pipeline; one batch at a time, in order."""
 
     def __init__(self, client: Redis) -> None:
         self.client = client
         self._queued: list[_Call] = []
-        self._sending: set[asyncio.Task[None]] = set()
+        self._flush_due = False
+        self._sending: asyncio.Task[None] | None = None
         # Batches sent, and calls in them (for tests and the curious).
         self.batches = 0
         self.calls = 0
@@ -61,21 +68,32 @@ class ScriptBatch:
         """The script's reply, or the error Redis or the connection gave."""
         loop = asyncio.get_running_loop()
         call = _Call(script, keys, args, loop.create_future())
-        if not self._queued:
-            loop.call_soon(self._flush)  # after every callback of this turn
         self._queued.append(call)
+        self._flush_soon(loop)
         return await call.reply
 
     async def drain(self) -> None:
-        """Wait for the batches on their way (before the client closes)."""
-        while self._sending:
-            await asyncio.gather(*self._sending, return_exceptions=True)
+        """Wait until every script asked for has been sent and answered (before the
+        client closes)."""
+        while self._sending is not None or self._queued:
+            if self._sending is not None:
+                await asyncio.wait([self._sending])
+            else:
+                await asyncio.sleep(0)
+
+    def _flush_soon(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Send what is queued at the end of this turn (after every callback in it),
+        unless a batch is on its way: then when it is back."""
+        if not self._flush_due and self._sending is None:
+            self._flush_due = True
+            loop.call_soon(self._flush)
 
     def _flush(self) -> None:
+        self._flush_due = False
+        if self._sending is not None or not self._queued:
+            return
         calls, self._queued = self._queued, []
-        task = asyncio.get_running_loop().create_task(self._send(calls))
-        self._sending.add(task)  # held until done: the loop keeps only weak references
-        task.add_done_callback(self._sending.discard)
+        self._sending = asyncio.get_running_loop().create_task(self._send(calls))
 
     async def _send(self, calls: list[_Call]) -> None:
         self.batches += 1
@@ -97,6 +115,10 @@ class ScriptBatch:
             for call in calls:
                 if not call.reply.done():
                     call.reply.set_exception(exc)
+        finally:
+            self._sending = None
+            if self._queued:
+                self._flush_soon(asyncio.get_running_loop())
 
     async def _one(self, call: _Call) -> Any:
         n = len(call.keys)

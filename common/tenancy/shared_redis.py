@@ -1,9 +1,10 @@
 """The Redis a quota counts in, and whether it can be used right now.
 
-``QuotaRedis`` runs one quota's Lua scripts (rate limits in
-``common.tenancy.quota``, concurrency leases in ``common.tenancy.concurrency``)
-and owns the one decision both share: when Redis counts as down, so that the
-quota falls back to counting in process.
+``QuotaRedis`` runs the quotas' Lua scripts (rate limits in
+``common.tenancy.quota``, concurrency leases in ``common.tenancy.concurrency``;
+at the edge one client serves both, so one script admits a request to both)
+and owns the one decision they share: when Redis counts as down, so that the
+quotas fall back to counting in process.
 """
 
 from __future__ import annotations
@@ -73,6 +74,10 @@ class QuotaRedis:
     doubling to 5 s) while the others stay in process. The first call that
     succeeds again logs one info and clears ``degraded``. ``reconnects`` counts
     calls that needed the new connection (a restart the quota may want to know of).
+
+    Calls made while the event loop runs one turn share one pipeline
+    (``common.tenancy.script_batch``): a connection failure or a timeout is then
+    every one of those calls', and each handles it as above.
     """
 
     def __init__(

@@ -109,3 +109,15 @@ async def test_a_dead_connection_fails_every_call_of_its_batch(
         *(batch.run(ECHO, ["d"], [str(i)]) for i in range(4)), return_exceptions=True
     )
     assert all(isinstance(r, (redis.exceptions.ConnectionError, OSError)) for r in results)
+
+
+async def test_calls_asked_for_while_a_batch_is_out_go_after_it_in_the_next(
+    batch: ScriptBatch,
+) -> None:
+    first = asyncio.ensure_future(batch.run(ECHO, ["o"], ["1"]))
+    for _ in range(2):  # its batch flushed, then sent: on its way
+        await asyncio.sleep(0)
+    later = [asyncio.ensure_future(batch.run(ECHO, ["o"], [str(i)])) for i in range(2, 6)]
+    replies = [await first] + [await call for call in later]
+    assert [r[1] for r in replies] == [1, 2, 3, 4, 5]  # run in Redis in the order asked
+    assert (batch.batches, batch.calls) == (2, 5)
