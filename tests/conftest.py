@@ -35,6 +35,17 @@ def redis_server() -> Iterator[EmbeddedRedis]:
         server.close()
 
 
+@pytest.fixture
+def own_redis() -> Iterator[EmbeddedRedis]:
+    """A Redis of the test's own: to stop, restart, count commands or connections on."""
+    server = EmbeddedRedis()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
 def demo_fleet_spec() -> dict[str, Any]:
     """The demo fleet, moved off the fixed port 8001 so tests never clash with `make up`."""
     spec: dict[str, Any] = yaml.safe_load(DEMO_FLEET.read_text())

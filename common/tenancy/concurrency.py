@@ -21,7 +21,13 @@ from common.config.access import TenantConfig
 from common.request.streaming import Release, no_release
 from common.tenancy.quota import RateCheck
 from common.tenancy.quota_scripts import ADMIT, OVER_CAP, SYNC
-from common.tenancy.shared_redis import Clock, QuotaRedis, RedisDown, raise_lost_cancel
+from common.tenancy.shared_redis import (
+    Clock,
+    QuotaRedis,
+    RedisDown,
+    raise_lost_cancel,
+    shared_or_own,
+)
 
 log = logging.getLogger(__name__)
 
@@ -97,17 +103,13 @@ class TenantConcurrency:
         self.lease_ttl_ms = max(1, round(lease_ttl_s * 1000))
         self.renew_every_s = lease_ttl_s / RENEWALS
         self.retry_after_ms = retry_after_ms
-        self._owns_redis = not isinstance(redis, QuotaRedis)
-        self.shared = (
-            redis
-            if isinstance(redis, QuotaRedis)
-            else QuotaRedis(
-                redis,
-                what="concurrency",
-                fallback=f"capping each tenant at 1/{replicas} of max_concurrent in process",
-                timeout_s=redis_timeout_s,
-                clock=clock,
-            )
+        self._owns_redis = isinstance(redis, str)
+        self.shared = shared_or_own(
+            redis,
+            what="concurrency",
+            fallback=f"capping each tenant at 1/{replicas} of max_concurrent in process",
+            timeout_s=redis_timeout_s,
+            clock=clock,
         )
         # Lease ids: this replica's random prefix and a serial (unique without a
         # uuid4, that is an os.urandom call, per request).

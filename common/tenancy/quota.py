@@ -34,7 +34,13 @@ from dataclasses import dataclass
 from common.basics.errors import RouteError
 from common.config.access import TenantConfig
 from common.tenancy.quota_scripts import GCRA, SETTLE
-from common.tenancy.shared_redis import Clock, QuotaRedis, RedisDown, raise_lost_cancel
+from common.tenancy.shared_redis import (
+    Clock,
+    QuotaRedis,
+    RedisDown,
+    raise_lost_cancel,
+    shared_or_own,
+)
 
 # Bursts: one second of requests, ten seconds of tokens (see request_burst/token_burst).
 TOKEN_BURST_S = 10.0
@@ -168,17 +174,13 @@ class TenantRateLimiter:
         self.replicas = replicas
         self.clock = clock
         self.key_prefix = key_prefix
-        self._owns_redis = not isinstance(redis, QuotaRedis)
-        self.shared = (
-            redis
-            if isinstance(redis, QuotaRedis)
-            else QuotaRedis(
-                redis,
-                what="quota",
-                fallback=f"limiting in process at 1/{replicas} of each tenant's limit",
-                timeout_s=redis_timeout_s,
-                clock=clock,
-            )
+        self._owns_redis = isinstance(redis, str)
+        self.shared = shared_or_own(
+            redis,
+            what="quota",
+            fallback=f"limiting in process at 1/{replicas} of each tenant's limit",
+            timeout_s=redis_timeout_s,
+            clock=clock,
         )
         # This replica's copy of each TAT ("<tenant>:rps|tpm"), in its own clock.
         self._local: dict[str, float] = {}

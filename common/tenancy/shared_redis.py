@@ -187,3 +187,13 @@ class QuotaRedis:
             self.degraded = False
             self._backoff.reset()
             self._backoff_s = 0.0
+
+
+def shared_or_own(
+    redis: str | QuotaRedis, *, what: str, fallback: str, timeout_s: float, clock: Clock
+) -> QuotaRedis:
+    """``redis`` itself when it is a ``QuotaRedis`` (the edge's, shared by its quotas),
+    else a client of its own for that URL, logging as ``what`` with ``fallback``."""
+    if isinstance(redis, QuotaRedis):
+        return redis
+    return QuotaRedis(redis, what=what, fallback=fallback, timeout_s=timeout_s, clock=clock)

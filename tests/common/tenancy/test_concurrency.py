@@ -28,16 +28,6 @@ from tests.common.tenancy.test_quota_outage import kill_clients
 Factory = Callable[..., TenantConcurrency]
 
 
-@pytest.fixture
-def own_redis() -> AsyncIterator[EmbeddedRedis]:
-    server = EmbeddedRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def factory(url: str, made: list[TenantConcurrency], prefix: str) -> Factory:
     def make(**options: object) -> TenantConcurrency:
         options.setdefault("redis_timeout_s", 1.0)  # a loaded machine must not time out

@@ -25,16 +25,6 @@ Edge = Callable[[TenantConfig], tuple[Admission, RouteHints]]
 
 
 @pytest.fixture
-def own_redis() -> AsyncIterator[EmbeddedRedis]:
-    server = EmbeddedRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
 async def edge(own_redis: EmbeddedRedis) -> AsyncIterator[Edge]:
     made: list[Admission] = []
 

@@ -22,16 +22,6 @@ Factory = Callable[..., TenantRateLimiter]
 
 
 @pytest.fixture
-def own_redis() -> AsyncIterator[EmbeddedRedis]:
-    server = EmbeddedRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
 async def limiters(own_redis: EmbeddedRedis) -> AsyncIterator[Factory]:
     made: list[TenantRateLimiter] = []
 

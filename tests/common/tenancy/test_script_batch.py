@@ -22,16 +22,6 @@ BROKEN = Script("return redis.call('NO-SUCH-COMMAND')")
 
 
 @pytest.fixture
-def own_redis() -> AsyncIterator[EmbeddedRedis]:
-    server = EmbeddedRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
-
-
-@pytest.fixture
 async def batch(own_redis: EmbeddedRedis) -> AsyncIterator[ScriptBatch]:
     client = Redis.from_url(own_redis.url)
     runner = ScriptBatch(client)
