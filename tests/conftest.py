@@ -25,25 +25,24 @@ from common.basics.redis_embed import EmbeddedRedis
 TEST_TIME_SCALE = 0.05
 
 
-@pytest.fixture(scope="session")
-def redis_server() -> Iterator[EmbeddedRedis]:
+def _started_redis() -> Iterator[EmbeddedRedis]:
     server = EmbeddedRedis()
     server.start()
     try:
         yield server
     finally:
         server.close()
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    yield from _started_redis()
 
 
 @pytest.fixture
 def own_redis() -> Iterator[EmbeddedRedis]:
     """A Redis of the test's own: to stop, restart, count commands or connections on."""
-    server = EmbeddedRedis()
-    server.start()
-    try:
-        yield server
-    finally:
-        server.close()
+    yield from _started_redis()
 
 
 def demo_fleet_spec() -> dict[str, Any]:
