@@ -107,13 +107,6 @@ def _child(seconds: float, concurrency: int) -> None:
     print(json.dumps(figures))
 
 
-def _git_head(path: Path) -> str:
-    out = subprocess.run(
-        ["git", "-C", str(path), "log", "-1", "--format=%h"], capture_output=True, text=True
-    )
-    return out.stdout.strip() or "(not a git checkout)"
-
-
 def _run_variant(path: Path, args: argparse.Namespace) -> dict[str, float]:
     env = {**os.environ, "PYTHONPATH": str(path)}
     argv = [sys.executable, str(HERE), "--child", "--seconds", str(args.seconds),
@@ -126,6 +119,8 @@ def _run_variant(path: Path, args: argparse.Namespace) -> dict[str, float]:
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
+    from bench.report import git_head  # here, not at the top: the child runs another checkout
+
     variants = [("this checkout", CHECKOUT)] + [
         (f"compared {i + 1}", Path(p).resolve()) for i, p in enumerate(args.compare)
     ]
@@ -139,7 +134,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     rows = []
     for name, path in variants:
         med = {k: statistics.median(f[k] for f in rounds[name]) for k in rounds[name][0]}
-        rows.append({"name": name, "path": str(path), "head": _git_head(path), **med,
+        rows.append({"name": name, "path": str(path), "head": git_head(path), **med,
                      "rounds": rounds[name]})  # fmt: skip
     return {"rows": rows, "seconds": args.seconds, "rounds": args.rounds,
             "concurrency": args.concurrency}  # fmt: skip
@@ -161,7 +156,7 @@ def markdown(result: dict[str, Any], machine: dict[str, Any]) -> str:
     ]
     for row in rows:
         lines.append(
-            f"| {row['name']} | `{row['path']}` at {row['head']} | {row['per_s']:.0f} | "
+            f"| {row['name']} | `{row['path']}` at {row['head'].split()[0]} | {row['per_s']:.0f} | "
             f"{row['edge_us']:.0f} | {row['redis_us']:.0f} |"
         )
     if len(rows) > 1:

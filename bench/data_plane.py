@@ -30,7 +30,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any
 from bench.data_plane_load import ProcCpu
 from bench.data_plane_report import goals, markdown
 from bench.data_plane_stack import BENCH_ROOT, COMPARED, Row, Stack
-from bench.report import write_json_and_markdown
+from bench.report import git_head, write_json_and_markdown
 
 RESULTS = Path(__file__).parent / "results"
 MODES = ("unary", "stream")
@@ -51,13 +50,6 @@ def checkout_under_test(given: str | None) -> Path:
         return Path(given).resolve()
     first = os.environ.get("PYTHONPATH", "").split(os.pathsep)[0]
     return Path(first).resolve() if first else BENCH_ROOT
-
-
-def git_head(path: Path) -> str:
-    out = subprocess.run(
-        ["git", "-C", str(path), "log", "-1", "--format=%h %s"], capture_output=True, text=True
-    )
-    return out.stdout.strip() or "(not a git checkout)"
 
 
 def measure(

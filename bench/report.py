@@ -66,3 +66,11 @@ def write_json_and_markdown(directory: Path, name: str, result: Any, text: str) 
     directory.mkdir(exist_ok=True)
     (directory / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     (directory / f"{name}.md").write_text(text)
+
+
+def git_head(path: Path) -> str:
+    """``<short hash> <subject>`` of the checkout at ``path`` (a compared tree's code)."""
+    out = subprocess.run(
+        ["git", "-C", str(path), "log", "-1", "--format=%h %s"], capture_output=True, text=True
+    )
+    return out.stdout.strip() or "(not a git checkout)"

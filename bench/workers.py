@@ -34,10 +34,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.data_plane import MODES, RESULTS, _median, _pooled, check_rows, git_head, measure
+from bench.data_plane import MODES, RESULTS, _median, _pooled, check_rows, measure
 from bench.data_plane_fleet import pin
 from bench.data_plane_stack import BENCH_ROOT, WORKER_CONNECTIONS, Row, Stack
-from bench.report import write_json_and_markdown
+from bench.report import git_head, write_json_and_markdown
 
 DIRECT = "direct to the GPUs"
 ONE = "1 worker, 1 connection"

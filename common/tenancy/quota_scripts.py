@@ -114,7 +114,7 @@ end
 # outcome 1: admitted (the lease added, the rates stepped); 0: refused at the cap
 # (nothing else looked at or taken); 2: refused by a rate limit (no lease added, no
 # rate stepped).
-ADMITTED, OVER_CAP, OVER_RATE = 1, 0, 2
+OVER_CAP = 0
 ADMIT = Script(
     REDIS_NOW_US
     + GCRA_FUNCTION
