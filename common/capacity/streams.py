@@ -113,13 +113,18 @@ class CapacityPublisher:
     async def _run(self) -> None:
         backoff = self._backoff
         while True:
+            # Cleared before the build, not after the XADD: a poke that lands while
+            # this publication is on its way (a zone going idle again just after it
+            # filled) publishes once more at once. Cleared after, it was lost, and for
+            # a whole cadence the zone read as busy with requests long finished, so
+            # its region sent its traffic to the next zone.
+            self._poke.clear()
             try:
                 await self.publish_once()
                 backoff.succeeded()
             except (RedisError, OSError) as exc:
                 await backoff.failed(exc)
                 continue
-            self._poke.clear()
             # Not wait_for: on 3.11 it returns the poke when a cancellation lands in the
             # same loop iteration, and the loop went on past its stop().
             with contextlib.suppress(TimeoutError):

@@ -129,9 +129,9 @@ def expected_wait_s(
     capacity = entry.token_throughput_capacity
     if capacity > 0:
         grown = entry.estimated_wait_s + sent_since * work / capacity
-        return max(grown, in_flight * work / capacity)
+        return max(grown, in_flight * work / capacity, 0.0)
     busy = max(1, entry.total_slots - entry.free_slots)
-    return entry.estimated_wait_s * (busy + sent_since) / busy
+    return entry.estimated_wait_s * max(0, busy + sent_since) / busy
 
 
 CAPACITY_HINT = "x-meridian-capacity"
@@ -147,9 +147,20 @@ _HINT_FIELDS = (
 
 def encode_hint(entry: capacity_pb2.ModelCapacity) -> str:
     """The compact trailer form of one model's capacity:
-    ``h=3,t=4,s=64,f=10,q=0,u=0,w=0.120,c=8000``."""
+    ``h=3,t=4,s=64,f=10,q=0,u=0,w=0.120000,c=8000``. The wait is to the microsecond: zones
+    of a region are a fraction of a millisecond apart, and a wait rounded to the
+    millisecond outweighed that distance (0.78 ms read as 1 ms)."""
     counts = ",".join(f"{key}={getattr(entry, name)}" for key, name in _HINT_FIELDS)
-    return f"{counts},w={entry.estimated_wait_s:.3f},c={entry.token_throughput_capacity:.0f}"
+    return f"{counts},w={entry.estimated_wait_s:.6f},c={entry.token_throughput_capacity:.0f}"
+
+
+def repeats_hint(summary: capacity_pb2.CapacitySummary, hint: capacity_pb2.ModelCapacity) -> bool:
+    """Whether ``summary`` is the publication ``hint`` came from, as far as a hint can
+    tell (its entry for the hint's model reads back as the same hint)."""
+    for entry in summary.models:
+        if entry.model == hint.model:
+            return decode_hint(encode_hint(entry), hint.model) == hint
+    return False
 
 
 def decode_hint(value: str | None, model: str) -> capacity_pb2.ModelCapacity | None:

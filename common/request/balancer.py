@@ -165,14 +165,16 @@ class RankingBalancer:
         return f"nearest {self.children.kind}" if not before else "spill"
 
     def release(self, lease: Lease, outcome: Outcome) -> None:
+        hint = self._hint(trailer(outcome.trailers, CAPACITY_HINT), lease.model)
+        # The hint first: the report it carries was made while this request was in
+        # flight, so it counts the request busy, and its return is counted after.
+        self.children.take_hint(lease.child, hint)
         lease.child.outstanding_requests -= 1
         lease.child.outstanding_work -= lease.work
-        hint = self._hint(trailer(outcome.trailers, CAPACITY_HINT), lease.model)
         if outcome.child_fault and hint is None:
             # No hint: the child itself did not answer (a tier that answers with a
             # hint is up, and the hint says what it lacks).
             self.children.mark_failed(lease.child, f"{outcome.code.name}: {outcome.detail}")
-        self.children.take_hint(lease.child, hint)
 
     def _hint(self, value: str | None, model: str) -> capacity_pb2.ModelCapacity | None:
         """``decode_hint``, remembered per text (a decoded hint is only read, never

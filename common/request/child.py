@@ -41,7 +41,7 @@ class Child:
     outstanding_requests: int = 0
     outstanding_work: float = 0.0
     # outstanding_requests when the newest capacity report arrived: what was sent
-    # since then is not in the report yet.
+    # since then is not in the report yet, and what came back since is no longer busy.
     outstanding_at_report: int = 0
     # Newest capacity summary (replicas combined) and when it arrived (this tier's
     # monotonic clock); the newest summary of each publishing replica.

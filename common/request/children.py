@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Collection, Iterable, Iterator
 import grpc
 
 from common.basics.tasks import cancel_and_wait
-from common.capacity.summary import combine_replicas, significant_change
+from common.capacity.summary import combine_replicas, repeats_hint, significant_change
 from common.config.liveness import Keepalive
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.gen.meridian.v1 import capacity_pb2
@@ -273,7 +273,12 @@ class ChildSet:
         old = child.summary
         child.summary = combine_replicas([s for s, _ in child.replicas.values()])
         child.summary_received_at = now
-        child.outstanding_at_report = child.outstanding_requests
+        if child.hint is not None and repeats_hint(child.summary, child.hint):
+            # The publication a response already brought as a hint: what was sent and
+            # came back since that hint still counts, or the returns would be forgotten.
+            child.hint_at = now
+        else:
+            child.outstanding_at_report = child.outstanding_requests
         if old is None or significant_change(old, child.summary):
             self._changed()
 

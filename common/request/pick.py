@@ -55,5 +55,10 @@ class Picker(Protocol):
 
 def sent_since_report(child: Child) -> int:
     """Requests this tier sent ``child`` since its newest capacity report (summary or
-    hint): load the report cannot show yet."""
-    return max(0, child.outstanding_requests - child.outstanding_at_report)
+    hint), less those it had in flight there when the report came that are back since:
+    the report cannot show the first yet and still counts the second as busy. Negative
+    when more came back than went: the child is less busy than reported. (Counting
+    only what was sent, a zone's report made during this tier's one request read busy
+    for a whole cadence after it was answered, and an idle region sent a client's
+    requests to the next zone, in turns, from one report to the next.)"""
+    return child.outstanding_requests - child.outstanding_at_report

@@ -1,8 +1,15 @@
+import asyncio
 import random
 
+import grpc
+
 from common.basics.geo import GeoPoint
+from common.capacity.summary import CAPACITY_HINT, encode_hint
+from common.gen.meridian.v1 import capacity_pb2
+from common.request.balancer import Outcome, RankingBalancer
+from common.request.children import ChildSet
 from regional_lb.picker import ZonePicker, headroom
-from tests.pickers import child, request, with_summary
+from tests.pickers import MODEL, child, request, with_summary
 
 ZONE_A = GeoPoint(39.03, -77.47)
 ZONE_B = GeoPoint(38.94, -77.45)
@@ -115,3 +122,34 @@ def test_zone_back_from_an_outage_takes_its_traffic_back_gradually() -> None:
     zs[0].healthy_since = NOW - 5.0  # halfway through a 10 s fail-back window
     counts = firsts(zs)
     assert 0.4 < counts["1a"] / 4000 < 0.6
+
+
+def test_a_report_that_counted_this_tiers_finished_request_keeps_no_one_away() -> None:
+    """Each answer of zone 1a brings a report made while the request was there (its
+    work in flight, ~0.8 ms); the same report then comes through Redis. The request is
+    back by then, so 1a is idle again and the next request from next door stays: every
+    one of them goes to 1a (before, the report's wait, rounded to 1 ms in the hint, read
+    as load for a whole cadence and sent them to 1b, 10 km away, in turns)."""
+    zs = zones()[:2]
+    children = ChildSet(zs, probe_interval_s=1, summary_ttl_s=TTL, kind="zone", clock=lambda: NOW)
+    balancer = RankingBalancer(picker(), children)
+    capacity = 16_000.0
+    idle = dict(healthy_gpus=1, total_gpus=1, total_slots=8, free_slots=8)
+    pick = request(ZONE_A)
+
+    def report(name: str, sequence: int, **fields: float) -> capacity_pb2.CapacitySummary:
+        entry = capacity_pb2.ModelCapacity(
+            model=MODEL, token_throughput_capacity=capacity, **{**idle, **fields}
+        )
+        return capacity_pb2.CapacitySummary(source_id=name, sequence=sequence, models=[entry])
+
+    for zone in zs:
+        children.take_summary(zone.name, report(zone.name, 1))
+    for sequence in range(2, 8):
+        lease = asyncio.run(balancer.acquire(pick, (), None))
+        assert lease.child.name == "1a", f"request {sequence - 1} went to {lease.child.name}"
+        made_during_it = report("1a", sequence, free_slots=7, estimated_wait_s=pick.work / capacity)
+        hint = ((CAPACITY_HINT, encode_hint(made_during_it.models[0])),)
+        balancer.release(lease, Outcome(grpc.StatusCode.OK, 0.01, trailers=hint))
+        children.take_summary("1a", made_during_it)
+    assert zs[0].outstanding_requests == 0

@@ -115,6 +115,35 @@ async def test_publish_and_read_back_with_xrange(redis_server: EmbeddedRedis) ->
     assert parsed.models[0].model == M
 
 
+async def test_a_poke_while_a_summary_is_on_its_way_is_published_at_once(
+    redis_server: EmbeddedRedis,
+) -> None:
+    """A zone that goes idle while its busy summary is being written says so at once,
+    not a cadence later (the poke used to be cleared after the XADD, and lost)."""
+    stream = zone_stream("test-region", "poked-during-publish")
+    built: list[int] = []
+
+    def build(seq: int) -> capacity_pb2.CapacitySummary:
+        built.append(seq)
+        if seq == 1:
+            publisher.poke()  # lands while publication 1 is on its way
+        return zone("z", healthy_gpus=seq)
+
+    publisher = CapacityPublisher(redis_server.url, stream, build, cadence_s=60.0, maxlen=50)
+    publisher.start()
+    try:
+        await until(lambda: len(built) >= 2, timeout_s=5.0, what="for the poked publication")
+    finally:
+        await publisher.stop()
+    client = redis.Redis.from_url(redis_server.url)
+    entries = client.xrange(stream)
+    client.close()
+    assert [
+        capacity_pb2.CapacitySummary.FromString(e[b"summary"]).models[0].healthy_gpus
+        for _, e in entries
+    ] == [1, 2]
+
+
 async def test_stream_is_bounded(redis_server: EmbeddedRedis) -> None:
     stream = zone_stream("test-region", "bounded")
     publisher = CapacityPublisher(
@@ -217,9 +246,15 @@ def test_expected_wait_grows_with_what_was_sent_even_from_idle() -> None:
     # what was sent while it was being made is in neither it nor the count since.
     assert expected_wait_s(idle, 0, 500.0, in_flight=60) == pytest.approx(3.0)
     assert expected_wait_s(busy, 20, 500.0, in_flight=10) == pytest.approx(2.0)
+    # This parent's requests that came back since the report are no longer its load,
+    # down to nothing but never below it.
+    assert expected_wait_s(busy, -10, 500.0) == pytest.approx(0.5)
+    assert expected_wait_s(busy, -30, 500.0) == 0.0
     # No capacity in the report (an older peer's hint): in proportion to busy slots.
     busy.token_throughput_capacity = 0.0
     assert expected_wait_s(busy, 32, 500.0) == pytest.approx(2.0)
+    assert expected_wait_s(busy, -16, 500.0) == pytest.approx(0.5)
+    assert expected_wait_s(busy, -40, 500.0) == 0.0
 
 
 @pytest.mark.parametrize("value", [None, "", "h=1", "h=x,t=1,s=1,f=1,q=1,u=1,w=0", "garbage"])

@@ -94,6 +94,8 @@ def test_a_repeated_hint_keeps_counting_what_was_sent_since_its_report() -> None
     assert sent_since_report(zone) == 0
     zone.outstanding_requests = 7
     assert sent_since_report(zone) == 2
+    zone.outstanding_requests = 3  # back since the report, of those in flight at it
+    assert sent_since_report(zone) == -2
 
 
 def test_significant_change_notifies_listeners() -> None:
