@@ -174,6 +174,7 @@ def compare(
     replaying the real placements (over the requests served in one attempt: a retried
     one's wasted first attempt is the per-try timeout's, not the GPU model's)."""
     real_ok = real.ok_latencies
+    assert real.idle_overhead_ms is not None, "the validation's real side is the local tier"
     runs = [Quantiles.of(list(s.latencies_s.values())) for s in sims]
     centre = Quantiles.median_of(runs)
     sim = sims[0]

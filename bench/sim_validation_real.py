@@ -17,6 +17,10 @@ gRPC hops add to a request at idle (client latency minus the engine's modelled
 time for a one-token request); the loop's lag and this process's CPU over the
 run say how busy that core was; each GPU's running batch is sampled beside the
 lag. Every server is stopped at the end, on error too.
+
+``front`` puts something else in the local tier's place (``bench.zone_peers``: nginx
+or HAProxy in front of the same GPUs, on the same shots); the route trailer then
+names no GPU and the idle overhead is not measured.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import contextlib
 import statistics
 import time
 from collections import Counter
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,6 +54,9 @@ READY_TIMEOUT_S = 10.0
 LAG_SAMPLE_S = 0.02
 IDLE_PROBES = 20
 Generate = Callable[..., AsyncGenerator[str, None]]
+# Starts what the client calls in front of the started GPUs (stopped by the stack) and
+# returns its address once it forwards.
+Front = Callable[[contextlib.AsyncExitStack, Topology], Awaitable[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,7 +75,7 @@ class RealResult:
     retried_ids: frozenset[int]  # requests that reached a GPU more than once
     mean_batch: dict[str, float]  # per GPU: running sequences, sampled over the run
     prefix_hit_share: float  # prompt tokens served from the engines' prefix caches
-    idle_overhead_ms: float  # median, one-token requests at idle
+    idle_overhead_ms: float | None  # median, one-token requests at idle (local tier only)
     loop_lag_p99_ms: float
     process_cpu_cores: float  # this process (client + tier + GPUs) over the load
     seconds: float
@@ -152,18 +159,24 @@ class _PromptLog:
 
 
 async def run_real(
-    topology: Topology, shots: Sequence[Shot], *, timeout_s: float, budget_s: float
+    topology: Topology,
+    shots: Sequence[Shot],
+    *,
+    timeout_s: float,
+    budget_s: float,
+    front: Front | None = None,
 ) -> RealResult:
-    """Serve ``shots`` on a fresh real zone; stop every server before returning."""
+    """Serve ``shots`` on a fresh real zone, through its local tier or ``front``; stop
+    every server before returning."""
     async with contextlib.AsyncExitStack() as stack:
-        workers, tier = await _start_zone(stack, topology)
+        workers = await _start_workers(stack, topology)
         prompts = _PromptLog(workers)
+        address = await (front or _local_tier)(stack, topology)
         stubs = []
         for _ in range(CHANNELS):
-            channel = grpc.aio.insecure_channel(tier_address(topology), CHANNEL_OPTIONS)
+            channel = grpc.aio.insecure_channel(address, CHANNEL_OPTIONS)
             stack.push_async_callback(channel.close)
             stubs.append(pb_grpc.GRPCInferenceServiceStub(channel))
-        await _ready(tier)
         monitor = _Monitor(workers)
         monitor.start()
         stack.push_async_callback(monitor.stop)
@@ -176,7 +189,7 @@ async def run_real(
         prompt = sum(e.prompt_tokens_total for e in engines)
         hits = sum(e.prefix_cache_hit_tokens for e in engines)
         per_gpu = {w.gpu.name: w.engine.requests_total for w in workers}
-        overhead = await _idle_overhead(stubs[0], topology, timeout_s)
+        overhead = None if front else await _idle_overhead(stubs[0], topology, timeout_s)
         return RealResult(
             samples=samples,
             attempts_per_gpu=per_gpu,
@@ -194,19 +207,23 @@ def tier_address(topology: Topology) -> str:
     return topology.zone(REGION, ZONE).endpoint.address
 
 
-async def _start_zone(
-    stack: contextlib.AsyncExitStack, topology: Topology
-) -> tuple[ZoneWorkers, TierServer]:
-    """The GPUs, then the tier in front of them; ``stack`` stops them in reverse order."""
+async def _start_workers(stack: contextlib.AsyncExitStack, topology: Topology) -> ZoneWorkers:
+    """The zone's GPUs; ``stack`` stops them after what is started in front of them."""
     workers = ZoneWorkers(
         topology.zone(REGION, ZONE), region=REGION, time_scale=topology.time_scale
     )
     await workers.start()  # stops what it started if one fails
     stack.push_async_callback(workers.stop, 0)
+    return workers
+
+
+async def _local_tier(stack: contextlib.AsyncExitStack, topology: Topology) -> str:
+    """The zone's real local tier in front of its GPUs, once it holds every GPU healthy."""
     tier = build_local_tier(topology, REGION, ZONE)
     stack.push_async_callback(tier.stop, 0)
     await tier.start()
-    return workers, tier
+    await _ready(tier)
+    return tier_address(topology)
 
 
 async def _ready(tier: TierServer) -> None:

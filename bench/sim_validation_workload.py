@@ -82,10 +82,13 @@ def zone_topology(
     max_concurrency: int = 16,
     health_interval_s: float = 0.5,
 ) -> Topology:
-    """One zone of ``hardware`` GPUs serving ``SIM_MODEL``, every listener on a free port."""
+    """One zone of ``hardware`` GPUs serving ``SIM_MODEL``, every listener on a free port.
+    ``A100@0.5`` is an A100 throttled to half its speed."""
     where = {"lat": SITE.lat, "lon": SITE.lon}
-    gpus = [
-        {
+    gpus = []
+    for i, spec in enumerate(hardware):
+        hw, _, throttle = spec.partition("@")
+        gpu = {
             "name": f"g{i}-{hw.lower()}",
             "hardware": hw,
             "models": [SIM_MODEL],
@@ -93,8 +96,9 @@ def zone_topology(
             "listen": f"127.0.0.1:{free_port()}",
             "metrics_listen": f"127.0.0.1:{free_port()}",
         }
-        for i, hw in enumerate(hardware)
-    ]
+        if throttle:
+            gpu["throttle"] = float(throttle)
+        gpus.append(gpu)
     zone: dict[str, Any] = {
         "name": ZONE,
         "location": where,

@@ -25,6 +25,8 @@ RATE_EWMA_ALPHA = 0.2
 # A GPU nobody has heard from lately is assumed this busy (fraction of its slots),
 # on top of what this tier itself has in flight there: stale is never idle.
 STALE_BUSY_FRACTION = 0.5
+# The most a long request's ranking raises the GPU's slowness to (long_request_weight).
+MAX_LENGTH_EXTRA = 2.0
 
 
 def request_work(prompt_tokens: int, max_tokens: int, cached_tokens: int = 0) -> float:
@@ -85,6 +87,29 @@ def gpu_completion_s(gpu: GpuChild, work: float, shared_with: float) -> float:
     """
     rate = gpu.speed * A100_WORK_PER_S * gpu.weight * max(gpu.share, 1e-3)
     return work * (shared_with + 1.0) / rate
+
+
+def long_request_weight(
+    gpu: GpuChild, work: float, typical_work: float, length_bias: float
+) -> float:
+    """What a request longer than the typical one pays on ``gpu`` beyond its expected
+    completion, in the default picker's ranking: ``(1 / speed) ** extra``, where
+    ``extra = (work / typical_work) ** length_bias - 1``, at most ``MAX_LENGTH_EXTRA``.
+    1 for a request no longer than typical, for an A100-speed GPU, or with
+    ``length_bias`` 0.
+
+    Why: ranked by its own completion time alone, a request's choice between a fast
+    and a slow GPU does not depend on its length (both times scale with its work), so
+    long generations landed on slow GPUs as often as short ones, and they are the tail:
+    on one zone of mixed GPUs at 85 % load, the slowest 2 % of requests were long ones
+    on the V100s and the throttled A100, ~9 s against ~3.6 s for the same lengths on
+    the H200 (``bench.zone_peers``; nginx's weighted ``least_conn`` had a lower P99). A
+    long request now prefers a fast GPU more strongly, and short ones fill the slower
+    GPUs instead, where their few tokens cost little."""
+    if length_bias <= 0 or typical_work <= 0 or work <= typical_work:
+        return 1.0
+    extra = min(MAX_LENGTH_EXTRA, (work / typical_work) ** length_bias - 1.0)
+    return (gpu.speed * gpu.weight * max(gpu.share, 1e-3)) ** -extra
 
 
 def capacity_work_per_s(gpu: GpuChild) -> float:

@@ -242,6 +242,10 @@ class PrefixIndex:
         self.blocks_per_gpu.pop(gpu, None)
 
 
+# A few hundred requests make the typical work: steady, yet it follows a workload's shift.
+TYPICAL_WORK_ALPHA = 0.01
+
+
 @dataclass
 class LocalView:
     """The snapshot local pickers read: GPUs, free pools per model, prefix index,
@@ -254,6 +258,16 @@ class LocalView:
     # A GPU's own load report older than this is unknown.
     report_max_age_s: float = 2.0
     inflight_total: int = 0
+    # The work of a typical request here: an EWMA over the requests leased (0: none
+    # yet). What the default picker measures a request's length against.
+    typical_work: float = 0.0
+
+    def took(self, work: float) -> None:
+        """A request of ``work`` (uncached) was leased: it moves ``typical_work``."""
+        if self.typical_work:
+            self.typical_work += TYPICAL_WORK_ALPHA * (work - self.typical_work)
+        else:
+            self.typical_work = work
 
     def __post_init__(self) -> None:
         self.free: dict[str, FreePool] = {}

@@ -107,6 +107,7 @@ def simulate(
             work = request_work(pick.prompt_tokens, pick.max_tokens)
             gpu.outstanding_requests += 1
             gpu.outstanding_work += work
+            view.took(work)
             view.inflight_total += 1
             view.refresh(gpu)
             job = [work, arrived, now, work, float(gpu.outstanding_requests)]

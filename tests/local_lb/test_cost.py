@@ -5,6 +5,7 @@ import pytest
 from common.config.node import Endpoint
 from local_lb.cost import (
     A100_WORK_PER_S,
+    MAX_LENGTH_EXTRA,
     PREFILL_WEIGHT,
     STALE_BUSY_FRACTION,
     attempt_expected_s,
@@ -12,6 +13,7 @@ from local_lb.cost import (
     drain_rps,
     ewma,
     gpu_completion_s,
+    long_request_weight,
     outstanding_work,
     rate_sample,
     request_work,
@@ -156,3 +158,18 @@ def test_drain_counts_the_usable_gpus_slots_over_their_latency() -> None:
     # 16 / 0.5 + 8 / 2 + 4 / 1 (no latency learned yet: 1 s); the others are not usable.
     assert drain_rps([fast, slow, new, down, ejected, drained]) == 32 + 4 + 4
     assert drain_rps([down]) == 0
+
+
+def test_a_long_request_weighs_a_slow_gpu_by_its_slowness_and_a_fast_one_less() -> None:
+    slow, a100, fast = _gpu(), _gpu(), _gpu()
+    slow.speed, fast.speed = 0.5, 2.0
+    # Up to the typical work, nothing changes; nor with the bias off.
+    assert long_request_weight(slow, 100.0, 100.0, 0.5) == 1.0
+    assert long_request_weight(slow, 400.0, 100.0, 0.0) == 1.0
+    assert long_request_weight(slow, 400.0, 0.0, 0.5) == 1.0  # nothing typical yet
+    # Four times typical: extra = sqrt(4) - 1 = 1.
+    assert long_request_weight(slow, 400.0, 100.0, 0.5) == pytest.approx(2.0)
+    assert long_request_weight(a100, 400.0, 100.0, 0.5) == 1.0
+    assert long_request_weight(fast, 400.0, 100.0, 0.5) == pytest.approx(0.5)
+    # Capped: a request 10 000 times typical pays at most slowness ** MAX_LENGTH_EXTRA.
+    assert long_request_weight(slow, 1e6, 100.0, 0.5) == pytest.approx(2.0**MAX_LENGTH_EXTRA)

@@ -197,3 +197,30 @@ def test_empty_pool_ranks_nothing() -> None:
     g.outstanding_requests = g.slots
     view = LocalView((g,))
     assert picker(view).rank(request(), view.free[M], 0) == []
+
+
+def test_a_long_request_prefers_the_fast_gpu_a_typical_one_leaves_it() -> None:
+    """Both times scale with a request's work, so by completion time alone a long and
+    a typical request would choose alike; the long one pays for a slow GPU's slowness
+    (local_lb.cost.long_request_weight), and it is long ones on slow GPUs that make
+    the tail (bench.zone_peers)."""
+    fast, slow = gpu("h100", speed=2.0, requests=3), gpu("v100", speed=0.6)
+    view = reporting(fast, slow)
+    view.took(50.0)  # the typical request
+    # Typical: 50 x (3 + 1) / 2.0 = 100 on the H100, 50 x 1 / 0.6 = 83 on the idle V100.
+    assert names(picker(view).rank(request(0, 50), view.free[M], 0))[0] == "v100"
+    # Four times as long: its weight on the V100 is 0.6 ** -1 (sqrt(4) - 1 = 1).
+    assert names(picker(view).rank(request(0, 200), view.free[M], 0))[0] == "h100"
+    # With the bias off it ranks by completion time alone, as a typical request does.
+    plain = CompletionTimePicker(view, sample_size=8, rng=random.Random(5), length_bias=0.0)
+    assert names(plain.rank(request(0, 200), view.free[M], 0))[0] == "v100"
+
+
+def test_the_typical_work_follows_what_is_leased() -> None:
+    view = LocalView((gpu("a"),))
+    assert view.typical_work == 0.0  # nothing yet: no request counts as long
+    view.took(100.0)
+    assert view.typical_work == 100.0
+    for _ in range(500):
+        view.took(20.0)
+    assert 20.0 < view.typical_work < 21.0

@@ -1,0 +1,65 @@
+"""bench.zone_peers: the peers' weighted configs, its arguments, and one small real run."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from bench.data_plane_peers import binary
+from bench.sim_validation_workload import zone_gpus, zone_topology
+from bench.zone_peers import haproxy_cfg, nginx_conf, parse_args, ratios, run
+
+HARDWARE = ("H100", "A100@0.5", "V100")
+
+
+def test_the_peers_weigh_each_gpu_by_its_speed(tmp_path: Path) -> None:
+    gpus = zone_gpus(zone_topology("redis://127.0.0.1:1", hardware=HARDWARE, time_scale=1.0))
+    nginx = nginx_conf(tmp_path, "127.0.0.1:9", gpus)
+    haproxy = haproxy_cfg(tmp_path, "127.0.0.1:9", gpus)
+    for gpu, weight in zip(gpus, (20, 5, 6), strict=True):
+        assert f"server {gpu.endpoint.address} weight={weight};" in nginx
+        assert f"{gpu.endpoint.address} proto h2 weight {weight}" in haproxy
+    assert "least_conn;" in nginx and "balance leastconn" in haproxy
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [
+        (["--fronts", "meridian,envoy"], "--fronts"),
+        (["--fronts", ","], "--fronts"),
+        (["--load", "0"], "--load"),
+        (["--requests", "5"], "--requests"),
+        (["--rounds", "0"], "--rounds"),
+    ],
+)
+def test_bad_arguments_name_the_flag(
+    argv: list[str], named: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        parse_args(argv)
+    assert exit_.value.code == 2
+    assert named in capsys.readouterr().err
+
+
+def test_every_front_serves_the_same_requests_on_the_same_gpus() -> None:
+    fronts = ["meridian"] + [p for p in ("nginx", "haproxy") if binary(p) is not None]
+    if len(fronts) == 1:
+        pytest.skip("no nginx or haproxy on this machine: `make peers` installs them")
+    args = parse_args(
+        ["--fronts", ",".join(fronts), "--requests", "30", "--rounds", "1", "--no-write",
+         "--hardware", "A100,V100", "--time-scale", "1", "--load", "0.5"]
+    )  # fmt: skip
+    rate, runs = run(args)
+    assert rate > 0
+    assert [r.front for r in runs] == fronts
+    for r in runs:
+        assert r.served == 30 and r.codes == {"OK": 30}, r
+        # Both GPUs took requests, and nothing was sent twice.
+        assert sum(r.attempts_per_gpu.values()) == 30 and all(r.attempts_per_gpu.values()), r
+        assert 0 < r.p50_ms <= r.p90_ms <= r.p99_ms
+    for peer in fronts[1:]:
+        ratio = ratios(runs, peer)
+        mine = next(r for r in runs if r.front == "meridian")
+        theirs = next(r for r in runs if r.front == peer)
+        assert ratio["p99"] == pytest.approx(theirs.p99_ms / mine.p99_ms)
