@@ -165,13 +165,17 @@ async def run_real(
     timeout_s: float,
     budget_s: float,
     front: Front | None = None,
+    policy: str = "default",
 ) -> RealResult:
-    """Serve ``shots`` on a fresh real zone, through its local tier or ``front``; stop
-    every server before returning."""
+    """Serve ``shots`` on a fresh real zone, through its local tier (with the local
+    ``policy``) or ``front``; stop every server before returning."""
     async with contextlib.AsyncExitStack() as stack:
         workers = await _start_workers(stack, topology)
         prompts = _PromptLog(workers)
-        address = await (front or _local_tier)(stack, topology)
+        if front is None:
+            address = await _local_tier(stack, topology, policy)
+        else:
+            address = await front(stack, topology)
         stubs = []
         for _ in range(CHANNELS):
             channel = grpc.aio.insecure_channel(address, CHANNEL_OPTIONS)
@@ -217,9 +221,9 @@ async def _start_workers(stack: contextlib.AsyncExitStack, topology: Topology) -
     return workers
 
 
-async def _local_tier(stack: contextlib.AsyncExitStack, topology: Topology) -> str:
+async def _local_tier(stack: contextlib.AsyncExitStack, topology: Topology, policy: str) -> str:
     """The zone's real local tier in front of its GPUs, once it holds every GPU healthy."""
-    tier = build_local_tier(topology, REGION, ZONE)
+    tier = build_local_tier(topology, REGION, ZONE, policy=policy)
     stack.push_async_callback(tier.stop, 0)
     await tier.start()
     await _ready(tier)

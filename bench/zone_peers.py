@@ -7,6 +7,9 @@ loop through each front in turn:
 
 - *meridian*: the zone's real local tier (``local_lb.server.build_local_tier``, its
   default policy), as ``bench.sim_validation`` runs it;
+- *completion_time*: the same tier with the ``completion_time`` policy (the default
+  without its length weight: every request by its completion time alone), the
+  before of the change that weighs long requests towards fast GPUs;
 - *nginx*: ``least_conn`` with ``weight=`` from each GPU's speed (hardware class times
   throttle), the configuration most fleets start from;
 - *haproxy*: ``balance leastconn`` with the same weights.
@@ -19,7 +22,7 @@ HAProxy run in processes of their own, so the comparison, if anything, favours t
 ``--time-scale`` slows the emulated GPUs so that the routers' CPU is a small part of a
 request's time.
 
-    python -m bench.zone_peers                 # ~6 min, writes bench/results/zone_peers.{json,md}
+    python -m bench.zone_peers --rounds 3      # ~7 min, writes bench/results/zone_peers.{json,md}
     python -m bench.zone_peers --quick         # smoke, writes nothing
 """
 
@@ -52,6 +55,7 @@ from bench.sim_validation_workload import (
     zone_gpus,
     zone_topology,
 )
+from bench.zone_peers_sim import sim_markdown, simulate
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.gpu import GpuConfig
 from common.config.node import Endpoint
@@ -60,7 +64,8 @@ from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 
 RESULTS = Path(__file__).parent / "results"
-FRONTS = ("meridian", "nginx", "haproxy")
+FRONTS = ("meridian", "completion_time", "nginx", "haproxy")
+TIERS = {"meridian": "default", "completion_time": "completion_time"}  # front -> local policy
 HARDWARE = ("H100", "H200", "A100", "A100", "A100@0.5", "V100", "V100", "V100")
 READY_S = 10.0
 
@@ -138,7 +143,7 @@ def peer_plan(name: str, workdir: Path, listen: str, gpus: Sequence[GpuConfig]) 
     if name == "haproxy":
         argv = [exe, "-db", "-f", str(workdir / "haproxy.cfg")]
         return PeerPlan(name, argv, {"haproxy.cfg": haproxy_cfg(workdir, listen, gpus)}, endpoint)
-    raise ValueError(f"unknown peer {name!r}: expected one of {', '.join(FRONTS[1:])}")
+    raise ValueError(f"unknown peer {name!r}: expected nginx or haproxy")
 
 
 def peer_front(name: str, workdir: Path) -> Front:
@@ -204,7 +209,7 @@ class FrontRun:
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.zone_peers", description=__doc__)
-    p.add_argument("--fronts", default=",".join(FRONTS), help="meridian, nginx, haproxy")
+    p.add_argument("--fronts", default=",".join(FRONTS), help=", ".join(FRONTS))
     p.add_argument("--load", type=float, default=0.85, help="fraction of the warm capacity")
     p.add_argument("--requests", type=int, default=1200, help="requests per run")
     p.add_argument("--rounds", type=int, default=2, help="every front once per round")
@@ -214,6 +219,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout-s", type=float, default=300.0, help="per request")
     p.add_argument("--budget-s", type=float, default=1500.0, help="hard limit on the bench")
+    p.add_argument("--simulate", action="store_true", help="the simulator instead (seconds)")
+    p.add_argument("--sim-loads", default="0.5,0.85,0.95", help="--simulate: the loads")
+    p.add_argument("--sim-seeds", type=int, default=6, help="--simulate: seeds per load")
     p.add_argument("--quick", action="store_true", help="60 requests, 1 round; writes nothing")
     p.add_argument("--no-write", action="store_true")
     args = p.parse_args(argv)
@@ -228,6 +236,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.requests < 20 or args.rounds < 1:
         p.error("--requests: at least 20, --rounds: at least 1")
     args.gpus = tuple(h.strip() for h in args.hardware.split(",") if h.strip())
+    try:
+        args.loads = [float(x) for x in args.sim_loads.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--sim-loads: expected fractions like 0.5,0.85, got {args.sim_loads!r}")
+    if not args.loads or any(not 0 < x <= 1.5 for x in args.loads) or args.sim_seeds < 1:
+        p.error("--sim-loads: each in (0, 1.5]; --sim-seeds: at least 1")
     return args
 
 
@@ -251,12 +265,13 @@ def run(args: argparse.Namespace) -> tuple[float, list[FrontRun]]:
                     left = args.budget_s - (time.monotonic() - started)
                     if left <= 0:
                         raise TimeoutError(f"--budget-s {args.budget_s:g} spent before {name}")
-                    front = None if name == "meridian" else peer_front(name, Path(tmp))
                     real = asyncio.run(
                         run_real(
-                            topology, shots, timeout_s=args.timeout_s, budget_s=left, front=front
+                            topology, shots, timeout_s=args.timeout_s, budget_s=left,
+                            front=peer_front(name, Path(tmp)) if name not in TIERS else None,
+                            policy=TIERS.get(name, "default"),
                         )
-                    )
+                    )  # fmt: skip
                     runs.append(FrontRun.of(name, round_, real))
                     print(row(runs[-1]), flush=True)
     finally:
@@ -312,8 +327,35 @@ def markdown(args: argparse.Namespace, rate: float, runs: Sequence[FrontRun]) ->
     return "\n".join(lines) + "\n"
 
 
+def main_simulated(args: argparse.Namespace) -> int:
+    topology = zone_topology(
+        "redis://127.0.0.1:1", hardware=args.gpus, time_scale=args.time_scale,
+        max_concurrency=args.max_concurrency,
+    )  # fmt: skip
+    rows = simulate(topology, args.front_names, args.loads, args.requests, args.sim_seeds)
+    header = (
+        "# One zone's routing quality in the simulator\n\n"
+        f"GPUs: {', '.join(args.gpus)}; time scale {args.time_scale:g}; {args.requests} "
+        f"requests per seed, {args.sim_seeds} seeds per load (each its own requests and "
+        "arrivals, the same for every front); medians over the seeds."
+    )
+    text = sim_markdown(rows, header)
+    print(text)
+    if not args.no_write:
+        payload = {
+            "machine": machine(),
+            "revision": revision(),
+            "config": {k: v for k, v in vars(args).items() if k not in ("no_write", "quick")},
+            "rows": [asdict(r) for r in rows],
+        }
+        write_json_and_markdown(RESULTS, "zone_peers_sim", payload, text)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.simulate:
+        return main_simulated(args)
     rate, runs = run(args)
     text = markdown(args, rate, runs)
     print(text)

@@ -32,6 +32,8 @@ DEFAULT_POLICY = "default"
 
 POLICIES: Mapping[str, PickerFactory] = {
     DEFAULT_POLICY: lambda view, rng: CompletionTimePicker(view, rng=rng),
+    # The default without the length weight: every request by its completion time alone.
+    "completion_time": lambda view, rng: CompletionTimePicker(view, rng=rng, length_bias=0.0),
     "round_robin": lambda view, rng: RoundRobinPicker(view),
     "weighted_round_robin": lambda view, rng: WeightedRoundRobinPicker(view),
     "random": lambda view, rng: RandomPicker(rng),
