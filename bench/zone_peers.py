@@ -22,7 +22,7 @@ HAProxy run in processes of their own, so the comparison, if anything, favours t
 ``--time-scale`` slows the emulated GPUs so that the routers' CPU is a small part of a
 request's time.
 
-    python -m bench.zone_peers --rounds 3      # ~7 min, writes bench/results/zone_peers.{json,md}
+    python -m bench.zone_peers --rounds 3      # ~10 min, writes bench/results/zone_peers.{json,md}
     python -m bench.zone_peers --quick         # smoke, writes nothing
 """
 

@@ -8,7 +8,7 @@ import pytest
 
 from bench.data_plane_peers import binary
 from bench.sim_validation_workload import zone_gpus, zone_topology
-from bench.zone_peers import haproxy_cfg, nginx_conf, parse_args, ratios, run
+from bench.zone_peers import haproxy_cfg, main, nginx_conf, parse_args, ratios, run
 
 HARDWARE = ("H100", "A100@0.5", "V100")
 
@@ -31,6 +31,8 @@ def test_the_peers_weigh_each_gpu_by_its_speed(tmp_path: Path) -> None:
         (["--load", "0"], "--load"),
         (["--requests", "5"], "--requests"),
         (["--rounds", "0"], "--rounds"),
+        (["--sim-loads", "half"], "--sim-loads"),
+        (["--sim-seeds", "0"], "--sim-seeds"),
     ],
 )
 def test_bad_arguments_name_the_flag(
@@ -43,8 +45,9 @@ def test_bad_arguments_name_the_flag(
 
 
 def test_every_front_serves_the_same_requests_on_the_same_gpus() -> None:
-    fronts = ["meridian"] + [p for p in ("nginx", "haproxy") if binary(p) is not None]
-    if len(fronts) == 1:
+    fronts = ["meridian", "completion_time"]
+    fronts += [p for p in ("nginx", "haproxy") if binary(p) is not None]
+    if len(fronts) == 2:
         pytest.skip("no nginx or haproxy on this machine: `make peers` installs them")
     args = parse_args(
         ["--fronts", ",".join(fronts), "--requests", "30", "--rounds", "1", "--no-write",
@@ -63,3 +66,16 @@ def test_every_front_serves_the_same_requests_on_the_same_gpus() -> None:
         mine = next(r for r in runs if r.front == "meridian")
         theirs = next(r for r in runs if r.front == peer)
         assert ratio["p99"] == pytest.approx(theirs.p99_ms / mine.p99_ms)
+
+
+def test_the_simulated_variant_routes_the_same_requests_for_every_front(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    argv = ["--simulate", "--requests", "60", "--sim-seeds", "2", "--sim-loads", "0.5,0.9",
+            "--hardware", "H100,V100", "--no-write"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if line.startswith(("| 50%", "| 90%"))]
+    assert len(rows) == 2 * 3  # two loads x meridian, completion_time, nginx (haproxy: none)
+    assert sum("| meridian |" in r for r in rows) == 2
+    assert all(r.endswith("| 1.00 | 1.00 | 1.00 |") for r in rows if "| meridian |" in r)
