@@ -46,11 +46,32 @@ class PeerPlan:
     listen: Endpoint
 
 
-def nginx_conf(workdir: Path, listen: Endpoint, gpus: Sequence[Endpoint], tls: PeerTls) -> str:
-    servers = "\n".join(f"    server {g.address};" for g in gpus)
-    temp = " ".join(
-        f"{kind}_temp_path {workdir / kind};" for kind in ("client_body", "proxy", "fastcgi")
+def nginx_conf(
+    workdir: Path,
+    listen: Endpoint,
+    gpus: Sequence[Endpoint],
+    tls: PeerTls | None,
+    *,
+    weights: Sequence[int] = (),
+    timeout_s: int = 30,
+) -> str:
+    """nginx ``least_conn`` over ``gpus`` (with ``weights``: ``weight=`` each), serving
+    mutual TLS with ``tls`` or, with None, plaintext HTTP/2."""
+    servers = "\n".join(
+        f"    server {g.address}{f' weight={w}' if w else ''};"
+        for g, w in zip(gpus, weights or [0] * len(gpus), strict=True)
     )
+    temp = " ".join(
+        f"{kind}_temp_path {workdir / kind};"
+        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
+    )
+    listener = f"listen {listen.address} http2;"
+    if tls is not None:
+        listener = f"""listen {listen.address} ssl http2;
+    ssl_certificate {tls.cert};
+    ssl_certificate_key {tls.key};
+    ssl_client_certificate {tls.ca};
+    ssl_verify_client on;"""
     return f"""daemon off;
 master_process on;
 worker_processes 1;
@@ -59,30 +80,44 @@ error_log {workdir / "error.log"} warn;
 events {{ worker_connections 4096; }}
 http {{
   access_log off;
-  {temp} uwsgi_temp_path {workdir / "uwsgi"}; scgi_temp_path {workdir / "scgi"};
+  {temp}
   upstream gpus {{
     least_conn;
 {servers}
     keepalive 64;
   }}
   server {{
-    listen {listen.address} ssl http2;
-    ssl_certificate {tls.cert};
-    ssl_certificate_key {tls.key};
-    ssl_client_certificate {tls.ca};
-    ssl_verify_client on;
+    {listener}
     http2_max_concurrent_streams 1024;
     location / {{
       grpc_pass grpc://gpus;
-      grpc_read_timeout 30s;
+      grpc_read_timeout {timeout_s}s;
     }}
   }}
 }}
 """
 
 
-def haproxy_cfg(workdir: Path, listen: Endpoint, gpus: Sequence[Endpoint], tls: PeerTls) -> str:
-    servers = "\n".join(f"  server g{i} {g.address} proto h2" for i, g in enumerate(gpus))
+def haproxy_cfg(
+    workdir: Path,
+    listen: Endpoint,
+    gpus: Sequence[Endpoint],
+    tls: PeerTls | None,
+    *,
+    weights: Sequence[int] = (),
+    timeout_s: int = 30,
+) -> str:
+    """HAProxy ``leastconn`` over ``gpus`` (with ``weights``: ``weight`` each), serving
+    mutual TLS with ``tls`` (its key pair in ``haproxy.pem``) or, with None, plaintext
+    HTTP/2."""
+    servers = "\n".join(
+        f"  server g{i} {g.address} proto h2{f' weight {w}' if w else ''}"
+        for i, (g, w) in enumerate(zip(gpus, weights or [0] * len(gpus), strict=True))
+    )
+    bind = f"bind {listen.address} proto h2"
+    if tls is not None:
+        bind = f"bind {listen.address} ssl crt {workdir / 'haproxy.pem'} ca-file {tls.ca} "
+        bind += "verify required alpn h2"
     return f"""global
   nbthread 1
   maxconn 4096
@@ -90,10 +125,10 @@ def haproxy_cfg(workdir: Path, listen: Endpoint, gpus: Sequence[Endpoint], tls: 
 defaults
   mode http
   timeout connect 5s
-  timeout client 30s
-  timeout server 30s
+  timeout client {timeout_s}s
+  timeout server {timeout_s}s
 frontend callers
-  bind {listen.address} ssl crt {workdir / "haproxy.pem"} ca-file {tls.ca} verify required alpn h2
+  {bind}
   default_backend gpus
 backend gpus
   balance leastconn

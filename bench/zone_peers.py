@@ -44,7 +44,7 @@ from typing import Any
 import grpc
 
 from bench.data_plane_fleet import Proc
-from bench.data_plane_peers import PeerPlan, binary, write_files
+from bench.data_plane_peers import PeerPlan, binary, haproxy_cfg, nginx_conf, write_files
 from bench.report import machine, pct, revision, write_json_and_markdown
 from bench.sim_validation_real import Front, RealResult, run_real
 from bench.sim_validation_workload import (
@@ -68,6 +68,7 @@ FRONTS = ("meridian", "completion_time", "nginx", "haproxy")
 TIERS = {"meridian": "default", "completion_time": "completion_time"}  # front -> local policy
 HARDWARE = ("H100", "H200", "A100", "A100", "A100@0.5", "V100", "V100", "V100")
 READY_S = 10.0
+PEER_TIMEOUT_S = 600  # a peer's read timeout: longer than any request of the run
 
 
 def weight(gpu: GpuConfig) -> int:
@@ -75,89 +76,43 @@ def weight(gpu: GpuConfig) -> int:
     return max(1, round(10 * gpu.speed))
 
 
-def nginx_conf(workdir: Path, listen: str, gpus: Sequence[GpuConfig]) -> str:
-    servers = "\n".join(f"    server {g.endpoint.address} weight={weight(g)};" for g in gpus)
-    temp = " ".join(
-        f"{kind}_temp_path {workdir / kind};"
-        for kind in ("client_body", "proxy", "fastcgi", "uwsgi", "scgi")
-    )
-    return f"""daemon off;
-master_process on;
-worker_processes 1;
-pid {workdir / "nginx.pid"};
-error_log {workdir / "error.log"} warn;
-events {{ worker_connections 4096; }}
-http {{
-  access_log off;
-  {temp}
-  upstream gpus {{
-    least_conn;
-{servers}
-    keepalive 64;
-  }}
-  server {{
-    listen {listen} http2;
-    http2_max_concurrent_streams 1024;
-    location / {{
-      grpc_pass grpc://gpus;
-      grpc_read_timeout 600s;
-    }}
-  }}
-}}
-"""
+def peer_files(
+    name: str, workdir: Path, listen: Endpoint, gpus: Sequence[GpuConfig]
+) -> dict[str, str]:
+    """Peer ``name``'s config: weighted least connections, plaintext HTTP/2 both ways."""
+    endpoints, weights = [g.endpoint for g in gpus], [weight(g) for g in gpus]
+    if name in ("nginx", "haproxy"):
+        render = nginx_conf if name == "nginx" else haproxy_cfg
+        conf = render(workdir, listen, endpoints, None, weights=weights, timeout_s=PEER_TIMEOUT_S)
+        return {"nginx.conf" if name == "nginx" else "haproxy.cfg": conf}
+    raise ValueError(f"unknown peer {name!r}: expected nginx or haproxy")
 
 
-def haproxy_cfg(workdir: Path, listen: str, gpus: Sequence[GpuConfig]) -> str:
-    servers = "\n".join(
-        f"  server g{i} {g.endpoint.address} proto h2 weight {weight(g)}"
-        for i, g in enumerate(gpus)
-    )
-    return f"""global
-  nbthread 1
-  maxconn 4096
-  pidfile {workdir / "haproxy.pid"}
-defaults
-  mode http
-  timeout connect 5s
-  timeout client 600s
-  timeout server 600s
-frontend callers
-  bind {listen} proto h2
-  default_backend gpus
-backend gpus
-  balance leastconn
-{servers}
-"""
-
-
-def peer_plan(name: str, workdir: Path, listen: str, gpus: Sequence[GpuConfig]) -> PeerPlan:
-    """How to start peer ``name`` (plaintext HTTP/2, weighted least connections)."""
+def peer_plan(name: str, workdir: Path, listen: Endpoint, gpus: Sequence[GpuConfig]) -> PeerPlan:
+    """How to start peer ``name`` in front of ``gpus``."""
     exe = binary(name)
     if exe is None:
         raise RuntimeError(f"no {name} binary on this machine: `make peers` installs it")
-    host, port = listen.rsplit(":", 1)
-    endpoint = Endpoint(host, int(port))
+    files = peer_files(name, workdir, listen, gpus)
     if name == "nginx":
         argv = [exe, "-c", str(workdir / "nginx.conf"), "-e", str(workdir / "error.log")]
-        return PeerPlan(name, argv, {"nginx.conf": nginx_conf(workdir, listen, gpus)}, endpoint)
-    if name == "haproxy":
+    else:
         argv = [exe, "-db", "-f", str(workdir / "haproxy.cfg")]
-        return PeerPlan(name, argv, {"haproxy.cfg": haproxy_cfg(workdir, listen, gpus)}, endpoint)
-    raise ValueError(f"unknown peer {name!r}: expected nginx or haproxy")
+    return PeerPlan(name, argv, files, listen)
 
 
 def peer_front(name: str, workdir: Path) -> Front:
     """``name`` started in front of the zone's GPUs, for ``run_real``."""
 
     async def start(stack: contextlib.AsyncExitStack, topology: Topology) -> str:
-        listen = f"127.0.0.1:{free_port()}"
+        listen = Endpoint("127.0.0.1", free_port())
         plan = peer_plan(name, workdir / name, listen, zone_gpus(topology))
         write_files(plan, workdir / name)
         proc = Proc(name, plan.argv, workdir / f"{name}.log")
         proc.start()
         stack.callback(proc.stop)
-        await _forwarding(proc, listen)
-        return listen
+        await _forwarding(proc, listen.address)
+        return listen.address
 
     return start
 

@@ -8,19 +8,24 @@ import pytest
 
 from bench.data_plane_peers import binary
 from bench.sim_validation_workload import zone_gpus, zone_topology
-from bench.zone_peers import haproxy_cfg, main, nginx_conf, parse_args, ratios, run
+from bench.zone_peers import main, parse_args, peer_files, ratios, run
+from common.config.node import Endpoint
 
 HARDWARE = ("H100", "A100@0.5", "V100")
 
 
 def test_the_peers_weigh_each_gpu_by_its_speed(tmp_path: Path) -> None:
     gpus = zone_gpus(zone_topology("redis://127.0.0.1:1", hardware=HARDWARE, time_scale=1.0))
-    nginx = nginx_conf(tmp_path, "127.0.0.1:9", gpus)
-    haproxy = haproxy_cfg(tmp_path, "127.0.0.1:9", gpus)
+    listen = Endpoint("127.0.0.1", 9)
+    nginx = peer_files("nginx", tmp_path, listen, gpus)["nginx.conf"]
+    haproxy = peer_files("haproxy", tmp_path, listen, gpus)["haproxy.cfg"]
     for gpu, weight in zip(gpus, (20, 5, 6), strict=True):
         assert f"server {gpu.endpoint.address} weight={weight};" in nginx
         assert f"{gpu.endpoint.address} proto h2 weight {weight}" in haproxy
     assert "least_conn;" in nginx and "balance leastconn" in haproxy
+    # Plaintext HTTP/2 to the client, as the local tier serves it here.
+    assert "listen 127.0.0.1:9 http2;" in nginx and "ssl" not in nginx
+    assert "bind 127.0.0.1:9 proto h2" in haproxy and "ssl" not in haproxy
 
 
 @pytest.mark.parametrize(
