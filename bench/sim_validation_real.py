@@ -40,7 +40,7 @@ from bench.report import pct
 from bench.sim_validation_workload import REGION, ZONE, Shot
 from common.config.topology import Topology
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.request.routing import ROUTE, trailer
+from common.request.routing import ROUTE, SESSION, trailer
 from common.request.v2 import generate_request
 from common.tier.server import TierServer
 from local_lb.server import build_local_tier
@@ -254,19 +254,22 @@ async def _send_all(
         if delay > 0:
             await asyncio.sleep(delay)
         stub = stubs[shot.id % len(stubs)]
-        tasks.append(loop.create_task(_one(stub, shot, t0 + shot.at_s, timeout_s)))
+        tasks.append(loop.create_task(send_shot(stub, shot, t0 + shot.at_s, timeout_s)))
     return list(await asyncio.gather(*tasks))
 
 
-async def _one(
+async def send_shot(
     stub: pb_grpc.GRPCInferenceServiceStub, shot: Shot, due: float, timeout_s: float
 ) -> Sample:
+    """One call for ``shot`` (its session, if any, as ``x-meridian-session``), timed
+    from ``due``."""
     loop = asyncio.get_running_loop()
     lag = loop.time() - due
     request = generate_request(SIM_MODEL, shot.prompt, shot.max_tokens)
+    metadata = ((SESSION, shot.session),) if shot.session else None
     gpu = ""
     try:
-        call = stub.ModelInfer(request, timeout=timeout_s)
+        call = stub.ModelInfer(request, timeout=timeout_s, metadata=metadata)
         await call
         code = "OK"
         gpu = (trailer(await call.trailing_metadata(), ROUTE) or "").rpartition("/")[2]

@@ -60,6 +60,7 @@ class Shot:
     prompt_tokens: int  # whitespace words, as the engine and the tiers count them
     max_tokens: int
     blocks: tuple[int, ...]  # the engine's block hashes of the whole prompt
+    session: str | None = None  # sent as x-meridian-session
 
     def sim_request(self, offset_s: float = 0.0) -> SimRequest:
         return SimRequest(
@@ -71,6 +72,7 @@ class Shot:
             prompt_tokens=self.prompt_tokens,
             output_tokens=self.max_tokens,
             prefix_blocks=self.blocks,
+            session=self.session,
         )
 
 
@@ -141,6 +143,7 @@ class Shape:
     max_tokens: int
     # Prompt words a warm prefix cache serves: the shared system prompt's whole blocks.
     shared_words: int
+    session: str | None = None
 
 
 def draw_shapes(n: int, spec: ShapeSpec, rng: random.Random) -> list[Shape]:
@@ -152,6 +155,30 @@ def draw_shapes(n: int, spec: ShapeSpec, rng: random.Random) -> list[Shape]:
         user = " ".join(_words(rng, _log_uniform(rng, *spec.user_words), f"u{i}w"))
         shared = len(system.split()) // BLOCK_TOKENS * BLOCK_TOKENS
         shapes.append(Shape(f"{system} {user}", _log_uniform(rng, *spec.max_tokens), shared))
+    return shapes
+
+
+def draw_sessions(n: int, spec: ShapeSpec, rng: random.Random, turns: int = 4) -> list[Shape]:
+    """``n`` requests of multi-turn sessions: each turn's prompt is the previous one, the
+    previous answer (words standing for its ``max_tokens``) and a new user text, so a
+    turn shares its whole history as a prefix with the last. Every session's first turn
+    comes first, then every second turn, and so on: a session's turns arrive in order,
+    a few hundred requests apart (the user reading and typing)."""
+    systems = [" ".join(_words(rng, w, f"s{i}w")) for i, w in enumerate(spec.system_prompt_words)]
+    sessions = max(1, n // turns)
+    history = [systems[rng.randrange(len(systems))] for _ in range(sessions)]
+    shapes: list[Shape] = []
+    for turn in range(turns):
+        for s in range(sessions):
+            if len(shapes) == n:
+                return shapes
+            user = " ".join(_words(rng, _log_uniform(rng, *spec.user_words), f"u{s}t{turn}w"))
+            prompt = f"{history[s]} {user}"
+            max_tokens = _log_uniform(rng, *spec.max_tokens)
+            shared = len(history[s].split()) // BLOCK_TOKENS * BLOCK_TOKENS
+            shapes.append(Shape(prompt, max_tokens, shared, session=f"session-{s}"))
+            answer = " ".join(_words(rng, max_tokens, f"a{s}t{turn}w"))
+            history[s] = f"{prompt} {answer}"
     return shapes
 
 
@@ -193,5 +220,6 @@ def make_shots(shapes: Sequence[Shape], rate_rps: float, rng: random.Random) -> 
             t += rng.expovariate(rate_rps)
         prompt = shape.prompt
         blocks = tuple(prompt_block_hashes(prompt, model=SIM_MODEL))
-        shots.append(Shot(i, t, prompt, len(prompt.split()), shape.max_tokens, blocks))
+        words = len(prompt.split())
+        shots.append(Shot(i, t, prompt, words, shape.max_tokens, blocks, shape.session))
     return shots

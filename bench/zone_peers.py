@@ -36,7 +36,7 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +48,9 @@ from bench.data_plane_peers import PeerPlan, binary, haproxy_cfg, nginx_conf, wr
 from bench.report import machine, pct, revision, write_json_and_markdown
 from bench.sim_validation_real import Front, RealResult, run_real
 from bench.sim_validation_workload import (
+    Shape,
     ShapeSpec,
+    draw_sessions,
     draw_shapes,
     make_shots,
     zone_capacity_rps,
@@ -162,6 +164,11 @@ class FrontRun:
         )  # fmt: skip
 
 
+def workload(sessions: bool) -> Callable[[int, ShapeSpec, random.Random], list[Shape]]:
+    """Independent requests, or multi-turn sessions sent with x-meridian-session."""
+    return draw_sessions if sessions else draw_shapes
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench.zone_peers", description=__doc__)
     p.add_argument("--fronts", default=",".join(FRONTS), help=", ".join(FRONTS))
@@ -174,6 +181,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--timeout-s", type=float, default=300.0, help="per request")
     p.add_argument("--budget-s", type=float, default=1500.0, help="hard limit on the bench")
+    p.add_argument(
+        "--sessions", action="store_true", help="4-turn sessions with x-meridian-session"
+    )
     p.add_argument("--simulate", action="store_true", help="the simulator instead (seconds)")
     p.add_argument("--sim-loads", default="0.5,0.85,0.95", help="--simulate: the loads")
     p.add_argument("--sim-seeds", type=int, default=6, help="--simulate: seeds per load")
@@ -202,7 +212,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def run(args: argparse.Namespace) -> tuple[float, list[FrontRun]]:
     """Every front once per round on the same shots; fresh GPUs each time."""
-    shapes = draw_shapes(args.requests, ShapeSpec(), random.Random(args.seed))
+    shapes = workload(args.sessions)(args.requests, ShapeSpec(), random.Random(args.seed))
     redis = EmbeddedRedis()
     runs: list[FrontRun] = []
     started = time.monotonic()
@@ -262,7 +272,9 @@ def markdown(args: argparse.Namespace, rate: float, runs: Sequence[FrontRun]) ->
         "# One zone's routing quality: Meridian's local tier, nginx, HAProxy",
         "",
         f"GPUs: {', '.join(args.gpus)}; {args.max_concurrency} slots each; time scale "
-        f"{args.time_scale:g}. {args.requests} requests per run at {args.load:.0%} of the "
+        f"{args.time_scale:g}. {args.requests} requests per run"
+        f"{' (4-turn sessions, x-meridian-session)' if args.sessions else ''} at "
+        f"{args.load:.0%} of the "
         f"zone's warm capacity ({rate:.2f} requests/s), the same arrivals for every front; "
         f"{args.rounds} rounds, fronts interleaved, fresh GPUs every run.",
         "",
@@ -282,12 +294,19 @@ def markdown(args: argparse.Namespace, rate: float, runs: Sequence[FrontRun]) ->
     return "\n".join(lines) + "\n"
 
 
+def stem(args: argparse.Namespace, name: str) -> str:
+    return f"{name}_sessions" if args.sessions else name
+
+
 def main_simulated(args: argparse.Namespace) -> int:
     topology = zone_topology(
         "redis://127.0.0.1:1", hardware=args.gpus, time_scale=args.time_scale,
         max_concurrency=args.max_concurrency,
     )  # fmt: skip
-    rows = simulate(topology, args.front_names, args.loads, args.requests, args.sim_seeds)
+    rows = simulate(
+        topology, args.front_names, args.loads, args.requests, args.sim_seeds,
+        draw=workload(args.sessions),
+    )  # fmt: skip
     header = (
         "# One zone's routing quality in the simulator\n\n"
         f"GPUs: {', '.join(args.gpus)}; time scale {args.time_scale:g}; {args.requests} "
@@ -303,7 +322,7 @@ def main_simulated(args: argparse.Namespace) -> int:
             "config": {k: v for k, v in vars(args).items() if k not in ("no_write", "quick")},
             "rows": [asdict(r) for r in rows],
         }
-        write_json_and_markdown(RESULTS, "zone_peers_sim", payload, text)
+        write_json_and_markdown(RESULTS, stem(args, "zone_peers_sim"), payload, text)
     return 0
 
 
@@ -323,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             "runs": [asdict(r) for r in runs],
             "ratios": {f: ratios(runs, f) for f in args.front_names if f != "meridian"},
         }
-        write_json_and_markdown(RESULTS, "zone_peers", payload, text)
+        write_json_and_markdown(RESULTS, stem(args, "zone_peers"), payload, text)
     return 0
 
 

@@ -13,12 +13,18 @@ from __future__ import annotations
 
 import random
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from bench.report import pct
 from bench.sim_validation_sim import run_sim
-from bench.sim_validation_workload import ShapeSpec, draw_shapes, make_shots, zone_capacity_rps
+from bench.sim_validation_workload import (
+    Shape,
+    ShapeSpec,
+    draw_shapes,
+    make_shots,
+    zone_capacity_rps,
+)
 from common.config.topology import Topology
 from sim.policies import MERIDIAN, PolicySet, policy_set
 
@@ -50,7 +56,13 @@ class SimRow:
 
 
 def simulate(
-    topology: Topology, fronts: Sequence[str], loads: Sequence[float], requests: int, seeds: int
+    topology: Topology,
+    fronts: Sequence[str],
+    loads: Sequence[float],
+    requests: int,
+    seeds: int,
+    *,
+    draw: Callable[[int, ShapeSpec, random.Random], list[Shape]] = draw_shapes,
 ) -> list[SimRow]:
     policies = sim_policies()
     wanted = [f for f in fronts if f in policies]
@@ -60,7 +72,7 @@ def simulate(
     for load in loads:
         runs: dict[str, list[tuple[float, float, float]]] = {f: [] for f in wanted}
         for seed in range(1, seeds + 1):
-            shapes = draw_shapes(requests, ShapeSpec(), random.Random(seed))
+            shapes = draw(requests, ShapeSpec(), random.Random(seed))
             rate = load * zone_capacity_rps(topology, shapes)
             shots = make_shots(shapes, rate, random.Random(seed))
             for front in wanted:

@@ -2,14 +2,31 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import itertools
+import random
 from pathlib import Path
+from typing import Any
 
+import grpc
 import pytest
 
 from bench.data_plane_peers import binary
-from bench.sim_validation_workload import zone_gpus, zone_topology
+from bench.sim_validation_real import send_shot
+from bench.sim_validation_workload import (
+    ShapeSpec,
+    Shot,
+    draw_sessions,
+    make_shots,
+    zone_gpus,
+    zone_topology,
+)
 from bench.zone_peers import main, parse_args, peer_files, ratios, run
 from common.config.node import Endpoint
+from common.gen.inference import grpc_service_pb2 as pb
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
+from common.request.routing import SESSION
 
 HARDWARE = ("H100", "A100@0.5", "V100")
 
@@ -84,3 +101,67 @@ def test_the_simulated_variant_routes_the_same_requests_for_every_front(
     assert len(rows) == 2 * 3  # two loads x meridian, completion_time, nginx (haproxy: none)
     assert sum("| meridian |" in r for r in rows) == 2
     assert all(r.endswith("| 1.00 | 1.00 | 1.00 |") for r in rows if "| meridian |" in r)
+
+
+def test_a_sessions_turns_extend_its_history_and_arrive_in_order() -> None:
+    shapes = draw_sessions(40, ShapeSpec(), random.Random(3), turns=4)
+    assert len(shapes) == 40
+    by_session: dict[str, list[str]] = {}
+    for shape in shapes:
+        assert shape.session is not None
+        by_session.setdefault(shape.session, []).append(shape.prompt)
+    assert len(by_session) == 10 and all(len(p) == 4 for p in by_session.values())
+    for prompts in by_session.values():
+        for before, after in itertools.pairwise(prompts):
+            # The whole last turn, its answer, then the new user text.
+            assert after.startswith(before + " ") and len(after.split()) > len(before.split())
+    # Every first turn before any second one.
+    assert [s.session for s in shapes[:10]] == [f"session-{i}" for i in range(10)]
+    shots = make_shots(shapes, 10.0, random.Random(3))
+    assert [s.session for s in shots] == [s.session for s in shapes]
+
+
+def test_sessions_reach_the_local_tier_and_keep_their_history_warm() -> None:
+    """The local tier keeps a session's turns where its history is cached (the session
+    ring and the prefix index): more prompt tokens come from the GPUs' prefix caches
+    than behind weighted least connections, which knows nothing of either."""
+    if binary("nginx") is None:
+        pytest.skip("no nginx on this machine: `make peers` installs it")
+    args = parse_args(
+        ["--fronts", "meridian,nginx", "--sessions", "--requests", "48", "--rounds", "1",
+         "--no-write", "--hardware", "A100,A100,V100", "--time-scale", "1", "--load", "0.4"]
+    )  # fmt: skip
+    _, runs = run(args)
+    mine, theirs = runs
+    assert mine.codes == {"OK": 48} and theirs.codes == {"OK": 48}
+    assert mine.prefix_hit_share > theirs.prefix_hit_share + 0.05, (mine, theirs)
+
+
+class _Recorder(pb_grpc.GRPCInferenceServiceServicer):
+    """A V2 server that answers every ModelInfer and keeps each call's metadata."""
+
+    def __init__(self) -> None:
+        self.seen: list[dict[str, str]] = []
+
+    async def ModelInfer(self, request: pb.ModelInferRequest, context: Any) -> Any:
+        self.seen.append({k: v for k, v in context.invocation_metadata() if isinstance(v, str)})
+        return pb.ModelInferResponse(model_name=request.model_name)
+
+
+async def test_a_shot_of_a_session_carries_the_session_header() -> None:
+    recorder, server = _Recorder(), grpc.aio.server()
+    pb_grpc.add_GRPCInferenceServiceServicer_to_server(recorder, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            now = asyncio.get_running_loop().time()
+            turn = Shot(0, 0.0, "hello there", 2, 1, (), session="session-7")
+            alone = dataclasses.replace(turn, id=1, session=None)
+            samples = [await send_shot(stub, shot, now, 5.0) for shot in (turn, alone)]
+    finally:
+        await server.stop(0)
+    assert [s.code for s in samples] == ["OK", "OK"]
+    assert recorder.seen[0][SESSION] == "session-7"
+    assert SESSION not in recorder.seen[1]
