@@ -141,7 +141,8 @@ def _log_uniform(rng: random.Random, low: int, high: int) -> int:
 class Shape:
     prompt: str
     max_tokens: int
-    # Prompt words a warm prefix cache serves: the shared system prompt's whole blocks.
+    # Prompt words a warm prefix cache serves: the whole blocks of the shared system
+    # prompt, or of a session's history (the last turn and its answer).
     shared_words: int
     session: str | None = None
 

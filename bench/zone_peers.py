@@ -20,7 +20,9 @@ latency is the client's, from its scheduled send to its answer. The client, the 
 tier and the GPUs share this process's core (as in ``bench.sim_validation``); nginx and
 HAProxy run in processes of their own, so the comparison, if anything, favours them.
 ``--time-scale`` slows the emulated GPUs so that the routers' CPU is a small part of a
-request's time.
+request's time. ``--sessions`` sends 4-turn conversations instead, each turn with
+``x-meridian-session`` and its history as its prompt's prefix; ``--simulate`` runs the
+same zone and workload in the simulator (``bench.zone_peers_sim``).
 
     python -m bench.zone_peers --rounds 3      # ~10 min, writes bench/results/zone_peers.{json,md}
     python -m bench.zone_peers --quick         # smoke, writes nothing
