@@ -257,7 +257,7 @@ class LocalBalancer:
             cached = self.view.prefix.matches(pick.prefix_blocks, MATCH_MEMO_LIMIT).get(gpu.name, 0)
             self.view.prefix.record(pick.prefix_blocks, gpu.name)
         work = request_work(pick.prompt_tokens, pick.max_tokens, cached * BLOCK_TOKENS)
-        self.view.took(request_work(pick.prompt_tokens, pick.max_tokens))
+        self.view.took(pick.work)
         now = self.clock()
         # What the policy expected, and the per-try basis (both exclude this request).
         reported = self.view.reported_requests(gpu, now)

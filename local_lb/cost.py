@@ -101,9 +101,10 @@ def long_request_weight(
     Why: ranked by its own completion time alone, a request's choice between a fast
     and a slow GPU does not depend on its length (both times scale with its work), so
     long generations landed on slow GPUs as often as short ones, and they are the tail:
-    on one zone of mixed GPUs at 85 % load, the slowest 2 % of requests were long ones
-    on the V100s and the throttled A100, ~9 s against ~3.6 s for the same lengths on
-    the H200 (``bench.zone_peers``; nginx's weighted ``least_conn`` had a lower P99). A
+    in the simulator of one mixed zone at 85 % load, the slowest 2 % of requests were
+    long ones on the V100s and the throttled A100, ~9 s against ~3.6 s for the same
+    lengths on the H200 (on the real zone nginx's weighted ``least_conn`` had the lower
+    P99: ``bench.zone_peers``). A
     long request now prefers a fast GPU more strongly, and short ones fill the slower
     GPUs instead, where their few tokens cost little."""
     if length_bias <= 0 or typical_work <= 0 or work <= typical_work:
