@@ -190,28 +190,33 @@ class RequestFlow:
         """One tier's forwarding loop: acquire, call ``below``, release, fail over."""
         tried: list[str] = []
         error: _TierError | None = None
-        for attempt in range(MAX_ATTEMPTS):
-            if attempt:
-                await asyncio.sleep(backoff_delay_s(attempt, self.rng))
-            try:
-                lease = await balancer.acquire(pick, tried, None)
-            except RouteError as err:
-                if error is not None and err.code == grpc.StatusCode.UNAVAILABLE:
-                    raise error from None  # nothing else to try: the last failure stands
-                raise _TierError(err.code, err.message, tuple(err.trailers)) from None
-            tried.append(lease.child.name)
-            started = self.loop.time()
-            try:
-                trailers = await self._attempt(balancer, lease, started, pick, served, below)
-            except _TierError as err:
-                if err.code not in failover and not err.timed_out:
-                    raise
-                error = err
-                continue
-            balancer.release(lease, Outcome(OK, self.loop.time() - started, trailers=trailers))
-            return lease.child.name
-        assert error is not None
-        raise error
+        try:
+            for attempt in range(MAX_ATTEMPTS):
+                if attempt:
+                    await asyncio.sleep(backoff_delay_s(attempt, self.rng))
+                try:
+                    lease = await balancer.acquire(pick, tried, None)
+                except RouteError as err:
+                    if error is not None and err.code == grpc.StatusCode.UNAVAILABLE:
+                        raise error from None  # nothing else to try: the last failure stands
+                    raise _TierError(err.code, err.message, tuple(err.trailers)) from None
+                tried.append(lease.child.name)
+                started = self.loop.time()
+                try:
+                    trailers = await self._attempt(balancer, lease, started, pick, served, below)
+                except _TierError as err:
+                    if err.code not in failover and not err.timed_out:
+                        raise
+                    error = err
+                    continue
+                balancer.release(lease, Outcome(OK, self.loop.time() - started, trailers=trailers))
+                return lease.child.name
+            assert error is not None
+            raise error
+        finally:
+            # A failure's traceback holds this frame: kept in it once the coroutine is
+            # over, the two make a cycle that only the cyclic GC would free.
+            error = None
 
     async def _attempt(
         self,
@@ -280,15 +285,22 @@ class RequestFlow:
         gpu: SimGpu = zone.gpus[name]
         try:
             job = gpu.submit(pick.prompt_tokens, pick.max_tokens, served.blocks)
-            try:
-                await job.done
-            except asyncio.CancelledError:  # the per-try timeout cancelled the call
-                gpu.cancel(job)
-                raise
         except GpuFailed as exc:
             raise _TierError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
         except GpuRefused as exc:
             raise _TierError(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        # A failed or cancelled future keeps its error, whose traceback holds this
+        # frame: on those paths the frame lets go of the job (and so of the future),
+        # or the two would make a cycle that only the cyclic GC frees.
+        try:
+            await job.done
+        except asyncio.CancelledError:  # the per-try timeout cancelled the call
+            gpu.cancel(job)
+            del job
+            raise
+        except GpuFailed as exc:
+            del job
+            raise _TierError(grpc.StatusCode.UNAVAILABLE, str(exc)) from None
         served.job = job
         load = f"running={gpu.running},waiting={len(gpu.waiting)},kv={gpu.kv_cache_usage:.3f}"
         return ((LOAD_TRAILER, load),)

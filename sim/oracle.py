@@ -236,8 +236,12 @@ class Oracle:
             try:
                 await job.done
             except GpuFailed:
+                first_token_at = job.first_token_at
+                # The failed future keeps its error, whose traceback holds this frame:
+                # letting go of the job here leaves no cycle for the cyclic GC.
+                del placed, job
                 now = self._loop.time()
-                if not job.first_token_at <= now:
+                if not first_token_at <= now:
                     continue  # nothing reached the client yet: place it again
                 self.recorder.failed(
                     req, code=grpc.StatusCode.UNAVAILABLE.name, home_region=home,

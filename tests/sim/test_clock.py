@@ -20,7 +20,7 @@ def test_sleeping_moves_simulated_time_not_wall_time() -> None:
     assert run_simulated(main(), start=5.0) == 3605.0
 
 
-def test_a_run_collects_in_large_batches_and_restores_the_collector_after() -> None:
+def test_a_run_does_not_collect_and_restores_the_collector_after() -> None:
     before = gc.get_threshold()
     frozen_before = gc.get_freeze_count()
     seen: list[tuple[tuple[int, int, int], int]] = []

@@ -23,6 +23,7 @@ from sim.clock import run_simulated
 from sim.deployment import SimDeployment
 from sim.flow import RequestFlow
 from sim.requests import SimRequest
+from tests.sim.cyclic import request_leftovers, unreachable_now
 
 EAST, WEST = GeoPoint(39.0, -77.5), GeoPoint(45.6, -121.2)
 CITIES = (("washington", GeoPoint(38.9, -77.0)), ("portland", GeoPoint(45.5, -122.7)))
@@ -249,3 +250,32 @@ def test_a_per_try_timeout_moves_a_request_off_a_gpu_slower_than_the_tier_thinks
     assert slow.running == 0 and not slow.waiting and slow.kv_cache_usage == 0
     # It waited out the per-try limit (at least its floor) before the second attempt.
     assert served["e2e_s"] > floor_s
+
+
+def test_a_request_that_fails_over_leaves_nothing_for_the_cyclic_gc() -> None:
+    """A per-try expiry and a GPU dying under a request both fail over; neither leaves
+    a cycle (an error's traceback and a frame that holds the error, or the job whose
+    future holds it), so a long run's memory does not wait on the cyclic GC."""
+
+    async def main() -> tuple[list[object], Recorder]:
+        loop = asyncio.get_running_loop()
+        deployment = SimDeployment(fleet(2), Meridian(), loop)
+        recorder = Recorder()
+        flow = RequestFlow(deployment, recorder)
+        deployment.start()
+        slow = max(deployment.zones["east-0"].gpus.values(), key=lambda g: g.speed)
+        slow.set_speed(slow.speed / 50)
+        await asyncio.sleep(1.0)
+        unreachable_now()  # what setting up left behind
+        await flow.serve(SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100))
+        loop.call_later(0.5, _lose, deployment, "east")
+        await flow.serve(SimRequest(1, loop.time(), "washington", CITIES[0][1], "t", 64, 400))
+        left = unreachable_now()
+        deployment.stop()
+        return left, recorder
+
+    left, kept = run_simulated(main())
+    assert len(kept.ok) == 2 and not kept.lost
+    assert kept.ok[0]["attempts"] == 2 and kept.ok[0]["region"] == "east"  # the per-try expiry
+    assert kept.ok[1]["attempts"] >= 2 and kept.ok[1]["region"] == "west"  # the GPU that died
+    assert request_leftovers(left) == []

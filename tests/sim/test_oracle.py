@@ -22,6 +22,7 @@ from sim.gpu_model import SimGpu
 from sim.oracle import Oracle, PlacedGpu, completion_s, prefill_s
 from sim.oracle_index import HolderIndex, probe_depths
 from sim.requests import SIM_MODEL, SimRequest
+from tests.sim.cyclic import request_leftovers, unreachable_now
 
 PARIS = GeoPoint(48.86, 2.35)
 NEW_YORK = GeoPoint(40.71, -74.01)
@@ -211,6 +212,24 @@ def test_a_gpu_dying_after_the_first_token_fails_the_request() -> None:
     )  # fmt: skip
     assert failed["elapsed_s"] == pytest.approx(0.5 + 0.010, abs=1e-12)
     assert calls.ok[1]["gpu"] == "slow"  # the dead GPU is never chosen again
+
+
+def test_a_request_failed_by_a_dying_gpu_leaves_nothing_for_the_cyclic_gc() -> None:
+    """The failed job's future keeps its error, whose traceback holds the oracle's frame:
+    the frame lets go of the job, so no cycle is left for the cyclic GC."""
+    fleet = gpus(("fast", "H100", "eu"), ("slow", "A100", "eu"))
+    left: list[list[object]] = []
+
+    def kill(placed: list[PlacedGpu]) -> None:
+        loop = placed[0].gpu.loop
+        loop.call_at(0.001, placed[0].gpu.fail, "power")  # before the first token: retried
+        loop.call_at(0.2, unreachable_now)  # what setting up left behind
+        loop.call_at(0.5, placed[1].gpu.fail, "power")  # after it: the request fails
+        loop.call_at(0.9, lambda: left.append(unreachable_now()))
+
+    calls, _ = run(fleet, [req(0, 0.0, 64, 1000), req(1, 1.0)], events=kill)  # 1: runs on
+    assert calls.lost[0]["attempts"] == 2
+    assert request_leftovers(left[0]) == []
 
 
 def test_a_request_no_gpu_can_hold_fails_at_once() -> None:
