@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from common.basics.geo import GeoPoint
@@ -182,6 +182,21 @@ def draw_sessions(n: int, spec: ShapeSpec, rng: random.Random, turns: int = 4) -
             history[s] = f"{prompt} {answer}"
     return shapes
 
+
+
+def draw_unshared_sessions(
+    n: int, spec: ShapeSpec, rng: random.Random, turns: int = 4
+) -> list[Shape]:
+    """``n`` requests of multi-turn sessions whose turns share no history: each turn is
+    an independent prompt (a shared system prompt and its own user text, as
+    ``draw_shapes``) sent with its session's id, in ``draw_sessions``' order. The
+    session header then carries no cache benefit: what sticking to a session's GPU
+    costs shows alone."""
+    sessions = max(1, n // turns)
+    return [
+        replace(shape, session=f"session-{i % sessions}")
+        for i, shape in enumerate(draw_shapes(n, spec, rng))
+    ]
 
 @dataclass(frozen=True)
 class MeanShape:

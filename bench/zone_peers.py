@@ -21,7 +21,8 @@ tier and the GPUs share this process's core (as in ``bench.sim_validation``); ng
 HAProxy run in processes of their own, so the comparison, if anything, favours them.
 ``--time-scale`` slows the emulated GPUs so that the routers' CPU is a small part of a
 request's time. ``--sessions`` sends 4-turn conversations instead, each turn with
-``x-meridian-session`` and its history as its prompt's prefix; ``--simulate`` runs the
+``x-meridian-session`` and its history as its prompt's prefix (``--sessions unshared``:
+turns that share no history, so the header brings no cache hit); ``--simulate`` runs the
 same zone and workload in the simulator (``bench.zone_peers_sim``).
 
     python -m bench.zone_peers --rounds 3      # ~10 min, writes bench/results/zone_peers.{json,md}
@@ -54,6 +55,7 @@ from bench.sim_validation_workload import (
     ShapeSpec,
     draw_sessions,
     draw_shapes,
+    draw_unshared_sessions,
     make_shots,
     zone_capacity_rps,
     zone_gpus,
@@ -166,9 +168,13 @@ class FrontRun:
         )  # fmt: skip
 
 
-def workload(sessions: bool) -> Callable[[int, ShapeSpec, random.Random], list[Shape]]:
-    """Independent requests, or multi-turn sessions sent with x-meridian-session."""
-    return draw_sessions if sessions else draw_shapes
+SESSIONS = {"history": draw_sessions, "unshared": draw_unshared_sessions}
+
+
+def workload(sessions: str | None) -> Callable[[int, ShapeSpec, random.Random], list[Shape]]:
+    """Independent requests, or multi-turn sessions sent with x-meridian-session: turns
+    that carry their history (``history``) or that share none (``unshared``)."""
+    return SESSIONS[sessions] if sessions else draw_shapes
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -184,8 +190,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--timeout-s", type=float, default=300.0, help="per request")
     p.add_argument("--budget-s", type=float, default=1500.0, help="hard limit on the bench")
     p.add_argument(
-        "--sessions", action="store_true", help="4-turn sessions with x-meridian-session"
-    )
+        "--sessions", nargs="?", const="history", choices=tuple(SESSIONS),
+        help="4-turn sessions with x-meridian-session: each turn's prompt its history "
+        "(history, the default) or turns that share none (unshared)",
+    )  # fmt: skip
     p.add_argument("--simulate", action="store_true", help="the simulator instead (seconds)")
     p.add_argument("--sim-loads", default="0.5,0.85,0.95", help="--simulate: the loads")
     p.add_argument("--sim-seeds", type=int, default=6, help="--simulate: seeds per load")
@@ -275,7 +283,7 @@ def markdown(args: argparse.Namespace, rate: float, runs: Sequence[FrontRun]) ->
         "",
         f"GPUs: {', '.join(args.gpus)}; {args.max_concurrency} slots each; time scale "
         f"{args.time_scale:g}. {args.requests} requests per run"
-        f"{' (4-turn sessions, x-meridian-session)' if args.sessions else ''} at "
+        f"{session_note(args.sessions)} at "
         f"{args.load:.0%} of the "
         f"zone's warm capacity ({rate:.2f} requests/s), the same arrivals for every front; "
         f"{args.rounds} rounds, fronts interleaved, fresh GPUs every run.",
@@ -296,8 +304,19 @@ def markdown(args: argparse.Namespace, rate: float, runs: Sequence[FrontRun]) ->
     return "\n".join(lines) + "\n"
 
 
+def session_note(sessions: str | None) -> str:
+    if sessions is None:
+        return ""
+    turns = "each turn's prompt its history" if sessions == "history" else "no shared history"
+    return f" (4-turn sessions, x-meridian-session, {turns})"
+
+
 def stem(args: argparse.Namespace, name: str) -> str:
-    return f"{name}_sessions" if args.sessions else name
+    """The results' name: ``zone_peers``, ``zone_peers_sessions`` (history) or
+    ``zone_peers_sessions_unshared``."""
+    if args.sessions is None:
+        return name
+    return f"{name}_sessions" if args.sessions == "history" else f"{name}_sessions_unshared"
 
 
 def main_simulated(args: argparse.Namespace) -> int:

@@ -18,11 +18,13 @@ from bench.sim_validation_workload import (
     ShapeSpec,
     Shot,
     draw_sessions,
+    draw_shapes,
+    draw_unshared_sessions,
     make_shots,
     zone_gpus,
     zone_topology,
 )
-from bench.zone_peers import main, parse_args, peer_files, ratios, run
+from bench.zone_peers import main, parse_args, peer_files, ratios, run, stem
 from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
@@ -55,6 +57,7 @@ def test_the_peers_weigh_each_gpu_by_its_speed(tmp_path: Path) -> None:
         (["--rounds", "0"], "--rounds"),
         (["--sim-loads", "half"], "--sim-loads"),
         (["--sim-seeds", "0"], "--sim-seeds"),
+        (["--sessions", "shared"], "--sessions"),
     ],
 )
 def test_bad_arguments_name_the_flag(
@@ -120,6 +123,37 @@ def test_a_sessions_turns_extend_its_history_and_arrive_in_order() -> None:
     shots = make_shots(shapes, 10.0, random.Random(3))
     assert [s.session for s in shots] == [s.session for s in shapes]
 
+
+
+def test_unshared_sessions_are_the_independent_requests_with_session_ids() -> None:
+    """The prompts ``draw_shapes`` draws for the same seed, none a prefix of another
+    turn's, each session's four turns in the order ``draw_sessions`` sends them."""
+    shapes = draw_unshared_sessions(40, ShapeSpec(), random.Random(3), turns=4)
+    plain = draw_shapes(40, ShapeSpec(), random.Random(3))
+    assert [(s.prompt, s.max_tokens, s.shared_words) for s in shapes] == [
+        (s.prompt, s.max_tokens, s.shared_words) for s in plain
+    ]
+    assert [s.session for s in shapes[:10]] == [f"session-{i}" for i in range(10)]
+    turns: dict[str | None, list[str]] = {}
+    for shape in shapes:
+        turns.setdefault(shape.session, []).append(shape.prompt)
+    assert len(turns) == 10 and all(len(p) == 4 for p in turns.values())
+    for prompts in turns.values():
+        for before, after in itertools.pairwise(prompts):
+            assert not after.startswith(before)
+
+
+@pytest.mark.parametrize(
+    ("argv", "name"),
+    [
+        ([], "zone_peers"),
+        (["--sessions"], "zone_peers_sessions"),
+        (["--sessions", "history"], "zone_peers_sessions"),
+        (["--sessions", "unshared"], "zone_peers_sessions_unshared"),
+    ],
+)
+def test_each_workload_writes_results_of_its_own(argv: list[str], name: str) -> None:
+    assert stem(parse_args(argv), "zone_peers") == name
 
 def test_sessions_reach_the_local_tier_and_keep_their_history_warm() -> None:
     """The local tier keeps a session's turns where its history is cached (the session
