@@ -183,7 +183,6 @@ def draw_sessions(n: int, spec: ShapeSpec, rng: random.Random, turns: int = 4) -
     return shapes
 
 
-
 def draw_unshared_sessions(
     n: int, spec: ShapeSpec, rng: random.Random, turns: int = 4
 ) -> list[Shape]:
@@ -197,6 +196,7 @@ def draw_unshared_sessions(
         replace(shape, session=f"session-{i % sessions}")
         for i, shape in enumerate(draw_shapes(n, spec, rng))
     ]
+
 
 @dataclass(frozen=True)
 class MeanShape:

@@ -124,7 +124,6 @@ def test_a_sessions_turns_extend_its_history_and_arrive_in_order() -> None:
     assert [s.session for s in shots] == [s.session for s in shapes]
 
 
-
 def test_unshared_sessions_are_the_independent_requests_with_session_ids() -> None:
     """The prompts ``draw_shapes`` draws for the same seed, none a prefix of another
     turn's, each session's four turns in the order ``draw_sessions`` sends them."""
@@ -154,6 +153,7 @@ def test_unshared_sessions_are_the_independent_requests_with_session_ids() -> No
 )
 def test_each_workload_writes_results_of_its_own(argv: list[str], name: str) -> None:
     assert stem(parse_args(argv), "zone_peers") == name
+
 
 def test_sessions_reach_the_local_tier_and_keep_their_history_warm() -> None:
     """The local tier keeps a session's turns where its history is cached (the session
