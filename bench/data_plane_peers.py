@@ -46,20 +46,25 @@ class PeerPlan:
     listen: Endpoint
 
 
-def nginx_conf(
-    workdir: Path,
-    listen: Endpoint,
-    gpus: Sequence[Endpoint],
-    tls: PeerTls | None,
-    *,
-    weights: Sequence[int] = (),
-    timeout_s: int = 30,
-) -> str:
-    """nginx ``least_conn`` over ``gpus`` (with ``weights``: ``weight=`` each), serving
+@dataclass(frozen=True)
+class Upstream:
+    """What a peer balances over: the GPUs, their static weights (none: all equal) and
+    how long one call may take."""
+
+    gpus: Sequence[Endpoint]
+    weights: Sequence[int] = ()
+    timeout_s: int = 30
+
+    def weighted(self) -> list[tuple[Endpoint, int]]:
+        """Each GPU and its weight (0 where none was given)."""
+        return list(zip(self.gpus, self.weights or [0] * len(self.gpus), strict=True))
+
+
+def nginx_conf(workdir: Path, listen: Endpoint, upstream: Upstream, tls: PeerTls | None) -> str:
+    """nginx ``least_conn`` over ``upstream`` (``weight=`` each GPU that has one), serving
     mutual TLS with ``tls`` or, with None, plaintext HTTP/2."""
     servers = "\n".join(
-        f"    server {g.address}{f' weight={w}' if w else ''};"
-        for g, w in zip(gpus, weights or [0] * len(gpus), strict=True)
+        f"    server {g.address}{f' weight={w}' if w else ''};" for g, w in upstream.weighted()
     )
     temp = " ".join(
         f"{kind}_temp_path {workdir / kind};"
@@ -91,28 +96,20 @@ http {{
     http2_max_concurrent_streams 1024;
     location / {{
       grpc_pass grpc://gpus;
-      grpc_read_timeout {timeout_s}s;
+      grpc_read_timeout {upstream.timeout_s}s;
     }}
   }}
 }}
 """
 
 
-def haproxy_cfg(
-    workdir: Path,
-    listen: Endpoint,
-    gpus: Sequence[Endpoint],
-    tls: PeerTls | None,
-    *,
-    weights: Sequence[int] = (),
-    timeout_s: int = 30,
-) -> str:
-    """HAProxy ``leastconn`` over ``gpus`` (with ``weights``: ``weight`` each), serving
+def haproxy_cfg(workdir: Path, listen: Endpoint, upstream: Upstream, tls: PeerTls | None) -> str:
+    """HAProxy ``leastconn`` over ``upstream`` (``weight`` each GPU that has one), serving
     mutual TLS with ``tls`` (its key pair in ``haproxy.pem``) or, with None, plaintext
     HTTP/2."""
     servers = "\n".join(
         f"  server g{i} {g.address} proto h2{f' weight {w}' if w else ''}"
-        for i, (g, w) in enumerate(zip(gpus, weights or [0] * len(gpus), strict=True))
+        for i, (g, w) in enumerate(upstream.weighted())
     )
     bind = f"bind {listen.address} proto h2"
     if tls is not None:
@@ -125,8 +122,8 @@ def haproxy_cfg(
 defaults
   mode http
   timeout connect 5s
-  timeout client {timeout_s}s
-  timeout server {timeout_s}s
+  timeout client {upstream.timeout_s}s
+  timeout server {upstream.timeout_s}s
 frontend callers
   {bind}
   default_backend gpus
@@ -227,6 +224,13 @@ def binary(name: str) -> str | None:
     )
 
 
+def proxy_argv(name: str, exe: str, workdir: Path) -> list[str]:
+    """How nginx or HAProxy (``name``) is started on its config in ``workdir``."""
+    if name == "nginx":
+        return [exe, "-c", str(workdir / "nginx.conf"), "-e", str(workdir / "error.log")]
+    return [exe, "-db", "-f", str(workdir / "haproxy.cfg")]
+
+
 def plan(
     name: str,
     workdir: Path,
@@ -240,15 +244,13 @@ def plan(
     if exe is None:
         return None
     if name == "nginx":
-        conf = workdir / "nginx.conf"
-        return PeerPlan(
-            name, [exe, "-c", str(conf), "-e", str(workdir / "error.log")],
-            {"nginx.conf": nginx_conf(workdir, listen, gpus, tls)}, listen,
-        )  # fmt: skip
+        files = {"nginx.conf": nginx_conf(workdir, listen, Upstream(gpus), tls)}
+        return PeerPlan(name, proxy_argv(name, exe, workdir), files, listen)
     if name == "haproxy":
         pem = Path(tls.cert).read_text() + Path(tls.key).read_text()
-        files = {"haproxy.cfg": haproxy_cfg(workdir, listen, gpus, tls), "haproxy.pem": pem}
-        return PeerPlan(name, [exe, "-db", "-f", str(workdir / "haproxy.cfg")], files, listen)
+        conf = haproxy_cfg(workdir, listen, Upstream(gpus), tls)
+        files = {"haproxy.cfg": conf, "haproxy.pem": pem}
+        return PeerPlan(name, proxy_argv(name, exe, workdir), files, listen)
     if name == "envoy":
         if admin is None:
             raise ValueError("envoy needs an admin endpoint")

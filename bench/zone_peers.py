@@ -47,7 +47,15 @@ from typing import Any
 import grpc
 
 from bench.data_plane_fleet import Proc
-from bench.data_plane_peers import PeerPlan, binary, haproxy_cfg, nginx_conf, write_files
+from bench.data_plane_peers import (
+    PeerPlan,
+    Upstream,
+    binary,
+    haproxy_cfg,
+    nginx_conf,
+    proxy_argv,
+    write_files,
+)
 from bench.report import machine, pct, revision, write_json_and_markdown
 from bench.sim_validation_real import Front, RealResult, run_real
 from bench.sim_validation_workload import (
@@ -86,10 +94,10 @@ def peer_files(
     name: str, workdir: Path, listen: Endpoint, gpus: Sequence[GpuConfig]
 ) -> dict[str, str]:
     """Peer ``name``'s config: weighted least connections, plaintext HTTP/2 both ways."""
-    endpoints, weights = [g.endpoint for g in gpus], [weight(g) for g in gpus]
+    upstream = Upstream([g.endpoint for g in gpus], [weight(g) for g in gpus], PEER_TIMEOUT_S)
     if name in ("nginx", "haproxy"):
         render = nginx_conf if name == "nginx" else haproxy_cfg
-        conf = render(workdir, listen, endpoints, None, weights=weights, timeout_s=PEER_TIMEOUT_S)
+        conf = render(workdir, listen, upstream, None)
         return {"nginx.conf" if name == "nginx" else "haproxy.cfg": conf}
     raise ValueError(f"unknown peer {name!r}: expected nginx or haproxy")
 
@@ -100,11 +108,7 @@ def peer_plan(name: str, workdir: Path, listen: Endpoint, gpus: Sequence[GpuConf
     if exe is None:
         raise RuntimeError(f"no {name} binary on this machine: `make peers` installs it")
     files = peer_files(name, workdir, listen, gpus)
-    if name == "nginx":
-        argv = [exe, "-c", str(workdir / "nginx.conf"), "-e", str(workdir / "error.log")]
-    else:
-        argv = [exe, "-db", "-f", str(workdir / "haproxy.cfg")]
-    return PeerPlan(name, argv, files, listen)
+    return PeerPlan(name, proxy_argv(name, exe, workdir), files, listen)
 
 
 def peer_front(name: str, workdir: Path) -> Front:
@@ -319,6 +323,12 @@ def stem(args: argparse.Namespace, name: str) -> str:
     return f"{name}_sessions" if args.sessions == "history" else f"{name}_sessions_unshared"
 
 
+def results_payload(args: argparse.Namespace, **figures: Any) -> dict[str, Any]:
+    """What a results file holds: the machine, the revision, the arguments, ``figures``."""
+    config = {k: v for k, v in vars(args).items() if k not in ("no_write", "quick")}
+    return {"machine": machine(), "revision": revision(), "config": config, **figures}
+
+
 def main_simulated(args: argparse.Namespace) -> int:
     topology = zone_topology(
         "redis://127.0.0.1:1", hardware=args.gpus, time_scale=args.time_scale,
@@ -337,12 +347,7 @@ def main_simulated(args: argparse.Namespace) -> int:
     text = sim_markdown(rows, header)
     print(text)
     if not args.no_write:
-        payload = {
-            "machine": machine(),
-            "revision": revision(),
-            "config": {k: v for k, v in vars(args).items() if k not in ("no_write", "quick")},
-            "rows": [asdict(r) for r in rows],
-        }
+        payload = results_payload(args, rows=[asdict(r) for r in rows])
         write_json_and_markdown(RESULTS, stem(args, "zone_peers_sim"), payload, text)
     return 0
 
@@ -355,14 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     text = markdown(args, rate, runs)
     print(text)
     if not args.no_write:
-        payload: dict[str, Any] = {
-            "machine": machine(),
-            "revision": revision(),
-            "config": {k: v for k, v in vars(args).items() if k not in ("no_write", "quick")},
-            "rate_rps": rate,
-            "runs": [asdict(r) for r in runs],
-            "ratios": {f: ratios(runs, f) for f in args.front_names if f != "meridian"},
-        }
+        payload = results_payload(
+            args,
+            rate_rps=rate,
+            runs=[asdict(r) for r in runs],
+            ratios={f: ratios(runs, f) for f in args.front_names if f != "meridian"},
+        )
         write_json_and_markdown(RESULTS, stem(args, "zone_peers"), payload, text)
     return 0
 
