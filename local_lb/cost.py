@@ -142,7 +142,7 @@ def drain_rps(gpus: Iterable[GpuChild]) -> float:
     (1 s until a latency has been learned)."""
     # Every GPU of a zone, for every request that queues and every summary: the sum
     # and GpuChild.usable written out (the property call was half the time).
-    total: float = 0  # as sum() starts
+    total = 0.0  # a float from the start: mypyc (sim.native) keeps the type declared
     for g in gpus:
         if g.healthy and not g.ejected and not g.drained:
             total += g.slots / (g.latency_ewma_s or 1.0)

@@ -27,11 +27,14 @@ class SlotLedger:
 
     view: LocalView
     bands: UtilisationBands = field(default_factory=UtilisationBands)
-    total_slots: int = field(default=0, init=False)
-    usable_slots: int = field(default=0, init=False)
-    usable_inflight: int = field(default=0, init=False)
+    total_slots: int = field(init=False)
+    usable_slots: int = field(init=False)
+    usable_inflight: int = field(init=False)
 
     def __post_init__(self) -> None:
+        # Not field defaults: init=False fields with defaults stay unset on a class
+        # mypyc compiles (sim.native).
+        self.total_slots = self.usable_slots = self.usable_inflight = 0
         self.recount()
 
     def reserve(self, gpu: GpuChild) -> None:

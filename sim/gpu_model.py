@@ -74,15 +74,20 @@ class SimGpu:
     time_scale: float = 1.0
     prefix_cache_blocks: int | None = None
     speed: float = field(init=False)
-    up: bool = field(default=True, init=False)
-    busy_s: float = field(default=0.0, init=False)
-    slot_s: float = field(default=0.0, init=False)
-    prompt_tokens_total: int = field(default=0, init=False)
-    cached_tokens_total: int = field(default=0, init=False)
+    up: bool = field(init=False)
+    busy_s: float = field(init=False)
+    slot_s: float = field(init=False)
+    prompt_tokens_total: int = field(init=False)
+    cached_tokens_total: int = field(init=False)
 
     def __post_init__(self) -> None:
         self.name = self.cfg.name
         self.speed = self.cfg.speed
+        # Set here, not as field defaults: init=False fields with defaults are not
+        # set on a class mypyc compiles (sim.native).
+        self.up = True
+        self.busy_s = self.slot_s = 0.0
+        self.prompt_tokens_total = self.cached_tokens_total = 0
         blocks = self.prefix_cache_blocks
         self.prefix_cache = PrefixCache(
             blocks if blocks is not None else max(1, self.cfg.kv_cache_tokens // BLOCK_TOKENS)
