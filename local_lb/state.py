@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from itertools import groupby, islice
 from operator import itemgetter
 
+from common.basics.sampling import sample
 from common.config.access import GpuTls
 from common.request.children import Child
 from local_lb.load_book import LoadBook
@@ -120,7 +121,7 @@ class FreePool(Sequence[GpuChild]):
         if len(self._items) <= k:
             return list(self._items)
         # The same draws as sampling indexes (random.sample only indexes its population).
-        return rng.sample(self._items, k)
+        return sample(self._items, k, rng)
 
 
 class PrefixIndex:

@@ -34,40 +34,48 @@ DEFAULT_DIR = ROOT / ".sim-native"
 # .py in the copy (an extension module is found before source in the same folder).
 PACKAGES = ("cli", "common", "global_lb", "local_lb", "regional_lb", "sim")
 # What a run spends its time in (a profile of 1024 GPUs at steady 90 %), every
-# module of it compiled together. Left out: modules that give instances attributes
-# their class does not declare (a compiled class has a fixed layout), frozen classes
-# a run pickles to its worker process (sim.shapes: a compiled frozen class cannot be
-# unpickled), and cold ones.
+# module of it compiled together. Left out: modules whose classes leave an init=False
+# field to its default (mypyc leaves it unset: local_lb.publication) or give
+# instances attributes the class does not declare (common.basics.geo), frozen
+# classes that are pickled or copied (sim.shapes, common.config: a compiled frozen
+# class cannot be unpickled), async generators (sim.engine), and cold modules.
 NATIVE_MODULES = (
+    "common/basics/sampling.py",
     "common/capacity/summary.py",
     "common/request/balancer.py",
     "common/request/child.py",
     "common/request/per_try.py",
     "common/request/pick.py",
+    "common/request/routing.py",
     "global_lb/picker.py",
     "local_lb/balancer.py",
     "local_lb/cost.py",
+    "local_lb/handoff.py",
     "local_lb/learning.py",
     "local_lb/load_book.py",
     "local_lb/picker.py",
+    "local_lb/queue.py",
     "local_lb/readiness.py",
+    "local_lb/resilience.py",
     "local_lb/session.py",
     "local_lb/slots.py",
     "local_lb/state.py",
     "local_lb/tenancy.py",
     "regional_lb/picker.py",
     "sim/clock.py",
+    "sim/deployment.py",
     "sim/flow.py",
     "sim/gpu_model.py",
     "sim/measure.py",
     "sim/prefix_cache.py",
+    "sim/publishing.py",
     "sim/run.py",
     "sim/sessions.py",
     "sim/workload.py",
 )
 MANIFEST = "manifest.json"
-# Set in the child a --native run starts: where its imports come from.
-NATIVE_ENV = "MERIDIAN_SIM_NATIVE"
+# Where `meridian sim run --native` looks for the compiled copy (default DEFAULT_DIR).
+NATIVE_DIR_ENV = "MERIDIAN_SIM_NATIVE_DIR"
 
 
 class NativeError(Exception):
@@ -114,7 +122,7 @@ def build(dest: Path = DEFAULT_DIR, modules: Sequence[str] = NATIVE_MODULES) -> 
     return dest
 
 
-def check(dest: Path = DEFAULT_DIR) -> Path:
+def check(dest: Path) -> Path:
     """``dest`` if it holds a compiled copy of the checkout's current sources."""
     try:
         manifest = json.loads((dest / MANIFEST).read_text())
@@ -129,12 +137,16 @@ def check(dest: Path = DEFAULT_DIR) -> Path:
     return dest
 
 
-def run_native(argv: Sequence[str], dest: Path = DEFAULT_DIR) -> int:
+def native_dir() -> Path:
+    """Where the compiled copy is: ``$MERIDIAN_SIM_NATIVE_DIR``, else ``.sim-native``."""
+    return Path(os.environ.get(NATIVE_DIR_ENV) or DEFAULT_DIR)
+
+
+def run_native(argv: Sequence[str], dest: Path | None = None) -> int:
     """``meridian sim <argv>`` in a child importing from the compiled copy; its exit code."""
-    where = str(check(dest))
+    where = str(check(dest or native_dir()))
     boot = f"import sys; sys.path.insert(0, {where!r}); from cli.main import main; main()"
-    env = {**os.environ, NATIVE_ENV: where}
-    return subprocess.call([sys.executable, "-c", boot, "sim", *argv], env=env)
+    return subprocess.call([sys.executable, "-c", boot, "sim", *argv])
 
 
 def compiled_modules() -> list[str]:

@@ -5,8 +5,8 @@ child). If ``limit_s`` passes while ``committed()`` is still False (nothing went
 back to the caller yet) the attempt is cancelled, which cancels its gRPC call, and
 ``PerTryExpired`` is raised: the forwarding loop moves the request to the next
 child. Once committed the attempt runs to its own end, however long a legitimate
-generation takes. No task is created: the attempt runs in the caller's task under
-an ``asyncio.timeout`` scope that is armed only when the limit passes uncommitted.
+generation takes. No task is created: the attempt runs in the caller's task, which
+is cancelled (as ``asyncio.timeout`` would) only when the limit passes uncommitted.
 """
 
 from __future__ import annotations
@@ -36,20 +36,42 @@ async def within_per_try(
     if limit_s is None:
         return await send
     loop = asyncio.get_running_loop()
-    scope = asyncio.timeout(None)
+    task = asyncio.current_task(loop)
+    if task is None:
+        raise RuntimeError("within_per_try runs in a task")
+    # asyncio.timeout's own steps, without its object and context manager on every
+    # attempt (most end before their limit): at the limit, if still uncommitted, the
+    # task is cancelled on the next turn of the loop; the cancellation this caused is
+    # taken back on the way out and, unless another came meanwhile, becomes the expiry.
+    cancelling = task.cancelling()
+    expired = False
+    soon: asyncio.Handle | None = None
 
-    def expire() -> None:
+    def cancel() -> None:
+        nonlocal expired
+        expired = True
+        task.cancel()
+
+    def at_limit() -> None:
+        nonlocal soon
         if not committed():
-            scope.reschedule(loop.time())
+            soon = loop.call_soon(cancel)
 
-    handle = loop.call_later(limit_s, expire)
+    timer = loop.call_at(loop.time() + limit_s, at_limit)
     try:
-        async with scope:
-            return await send
-    except (TimeoutError, grpc.aio.AioRpcError):
-        # The scope's own expiry (grpc may report the cancellation as CANCELLED).
-        if scope.expired():
+        result = await send
+    except BaseException as exc:
+        if not expired:
+            raise
+        # grpc may report the cancellation of its call as CANCELLED.
+        ours = task.uncancel() <= cancelling and isinstance(exc, asyncio.CancelledError)
+        if ours or isinstance(exc, grpc.aio.AioRpcError):
             raise PerTryExpired(limit_s) from None
         raise
     finally:
-        handle.cancel()
+        timer.cancel()
+        if soon is not None:
+            soon.cancel()
+    if expired:
+        task.uncancel()
+    return result

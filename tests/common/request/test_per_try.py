@@ -151,6 +151,34 @@ async def test_within_per_try_does_not_swallow_the_callers_cancellation() -> Non
         await task
 
 
+async def test_an_expiry_leaves_the_task_uncancelled_for_the_next_attempt() -> None:
+    with pytest.raises(PerTryExpired):
+        await within_per_try(asyncio.sleep(5), lambda: False, 0.02)
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0
+    # The failover's next attempt runs in the same task, to its end.
+    assert await within_per_try(asyncio.sleep(0.01, "next"), lambda: False, 1.0) == "next"
+
+
+async def test_a_committed_attempt_runs_past_its_limit() -> None:
+    assert await within_per_try(asyncio.sleep(0.1, "whole"), lambda: True, 0.02) == "whole"
+
+
+async def test_the_callers_cancellation_during_an_expiry_stays_a_cancellation() -> None:
+    async def slow_to_stop() -> None:
+        try:
+            await asyncio.sleep(5)
+        except asyncio.CancelledError:
+            await asyncio.sleep(0.2)  # cleaning up when the caller gives up too
+            raise
+
+    task = asyncio.create_task(within_per_try(slow_to_stop(), lambda: False, 0.02))
+    await asyncio.sleep(0.1)  # the limit has passed; the attempt is stopping
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
 # ------------------------------------------------------------------ the limit
 
 
