@@ -80,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument(
         "--native",
         action="store_true",
-        help="run the copy `make sim-native` compiled with mypyc (same results, ~1.5x faster)",
+        help="run the copy `make sim-native` compiled with mypyc (same results, ~1.4x faster)",
     )
     run.add_argument(
         "--quick",
