@@ -4,10 +4,12 @@ meridian sim fleet --gpus 1024 --regions 6 [--seed 1] [--out fleet.yaml]
 meridian sim run [--fleet fleet.yaml | --gpus 1024 --regions 6] [--workload conversation]
                  [--scenarios steady-90,flash-crowd] [--policies meridian,round_robin,oracle]
                  [--requests 200000] [--seed 1] [--jobs 2] [--out bench/results/fleet] [--quick]
+                 [--native]
 
 Every policy of a run sees the same arrivals and the same failures. Runs go to
 ``--jobs`` worker processes (one simulation per process at a time); results are
-written as JSON, Markdown and PNG plots to ``--out``.
+written as JSON, Markdown and PNG plots to ``--out``. ``--native`` runs the copy
+``make sim-native`` compiled (``sim.native``).
 """
 
 from __future__ import annotations

@@ -130,19 +130,22 @@ def simulate(specs: Sequence[RunSpec], jobs: int, out: TextIO) -> dict[RunKey, T
     global _forked_specs
     _forked_specs = tuple(specs)
     fork = multiprocessing.get_context("fork")
-    with multiprocessing.Manager() as manager, ProcessPoolExecutor(jobs, fork) as pool:
-        reports = manager.Queue()
-        pending: dict[Future[Timed], RunKey] = {
-            pool.submit(_run_in_worker, i, run_key(s), reports): run_key(s)
-            for i, s in enumerate(specs)
-        }
-        while pending:
-            ended, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-            _drain(reports, bar)
-            for future in ended:
-                key = pending.pop(future)
-                results[key] = future.result()
-                bar.run_ended(key, f"{key[0]} / {key[1]}")
+    try:
+        with multiprocessing.Manager() as manager, ProcessPoolExecutor(jobs, fork) as pool:
+            reports = manager.Queue()
+            pending: dict[Future[Timed], RunKey] = {
+                pool.submit(_run_in_worker, i, run_key(s), reports): run_key(s)
+                for i, s in enumerate(specs)
+            }
+            while pending:
+                ended, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+                _drain(reports, bar)
+                for future in ended:
+                    key = pending.pop(future)
+                    results[key] = future.result()
+                    bar.run_ended(key, f"{key[0]} / {key[1]}")
+    finally:
+        _forked_specs = ()
     return results
 
 

@@ -97,6 +97,8 @@ def build(dest: Path = DEFAULT_DIR, modules: Sequence[str] = NATIVE_MODULES) -> 
     compiler = sysconfig.get_config_var("CC") or "cc"
     if shutil.which(compiler.split()[0]) is None:
         raise NativeError(f"mypyc needs a C compiler and {compiler!r} was not found")
+    if dest.exists() and any(dest.iterdir()) and not _built_here(dest):
+        raise NativeError(f"{dest} is not empty and holds no compiled simulator: not replacing it")
     digest = source_digest()
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
@@ -120,6 +122,11 @@ def build(dest: Path = DEFAULT_DIR, modules: Sequence[str] = NATIVE_MODULES) -> 
     manifest = {"sources": digest, "modules": list(modules), "python": sys.version}
     (dest / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
     return dest
+
+
+def _built_here(dest: Path) -> bool:
+    """``dest`` holds a build of this module's (finished or not), safe to replace."""
+    return (dest / MANIFEST).exists() or (dest / "sim" / "native.py").exists()
 
 
 def check(dest: Path) -> Path:

@@ -92,3 +92,10 @@ def test_native_without_a_build_exits_2_and_says_what_to_run(
     err = capsys.readouterr().err
     assert "no compiled simulator in" in err and "make sim-native" in err
     assert not (tmp_path / "out").exists()  # nothing ran
+
+
+def test_a_build_never_replaces_a_folder_it_did_not_make(tmp_path: Path) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(NativeError, match="not empty and holds no compiled simulator"):
+        build(tmp_path, SOME_MODULES)
+    assert (tmp_path / "notes.txt").read_text() == "mine"
