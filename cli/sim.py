@@ -29,7 +29,7 @@ from cli.options import HelpFormatter
 from common.config.node import ConfigError
 from common.config.topology import Topology, load_topology, topology_from_mapping
 from common.observability.logs import LEVEL_ENV, LogSettings
-from sim.native import NativeError, compiled_modules
+from sim.native import NativeError, compiled_modules, run_native
 
 QUICK = {"gpus": 48, "regions": 3, "requests": 2500}
 # The simulated tiers log as the servers do. In a simulation their warnings (a GPU
@@ -105,8 +105,6 @@ def sim_main(argv: list[str], out: TextIO = sys.stdout) -> int:
         if args.action == "fleet":
             return _fleet(args, out)
         if args.native:
-            from sim.native import run_native
-
             return run_native([a for a in argv if a != "--native"])
         return _run(args, out)
     except (ValueError, ConfigError, NativeError) as exc:

@@ -1,8 +1,8 @@
 """``random.Random.sample`` for the request path: the same draws, without its overhead.
 
 Every local pick samples a few GPUs from a zone's free pool. CPython's ``sample``
-is written in Python (argument checks, a closure per call, a method lookup per
-draw); this is its algorithm for a sequence, drawing the same numbers from the
+is written in Python (a ``Sequence`` check through the ABC machinery, a Python
+call per draw); this is its algorithm for a sequence, drawing the same numbers from the
 same generator in the same order, so results stay the same to the digit. It is
 also compiled with the simulator (``sim.native``).
 """
