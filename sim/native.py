@@ -94,11 +94,11 @@ def source_digest(root: Path = ROOT) -> str:
 
 def build(dest: Path = DEFAULT_DIR, modules: Sequence[str] = NATIVE_MODULES) -> Path:
     """Copy the packages to ``dest`` and compile ``modules`` there; returns ``dest``."""
+    if dest.exists() and any(dest.iterdir()) and not _built_here(dest):
+        raise NativeError(f"{dest} is not empty and holds no compiled simulator: not replacing it")
     compiler = sysconfig.get_config_var("CC") or "cc"
     if shutil.which(compiler.split()[0]) is None:
         raise NativeError(f"mypyc needs a C compiler and {compiler!r} was not found")
-    if dest.exists() and any(dest.iterdir()) and not _built_here(dest):
-        raise NativeError(f"{dest} is not empty and holds no compiled simulator: not replacing it")
     digest = source_digest()
     shutil.rmtree(dest, ignore_errors=True)
     dest.mkdir(parents=True)
