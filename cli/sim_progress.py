@@ -25,17 +25,23 @@ from sim.run import RunSpec, run_with_events
 RunKey = tuple[str, str]  # (scenario, policy)
 Timed = tuple[PolicyResult, list[tuple[float, str]]]  # run_with_events's result
 
-# The runs of the current ``simulate`` call, read by its forked workers by index rather
-# than pickled to them: a spec holds frozen dataclasses, which a module compiled with
-# mypyc (``sim.native``) cannot unpickle.
-_forked_specs: tuple[RunSpec, ...] = ()
+# A worker's runs, set by ``_take_specs`` when the pool forks it: under ``fork`` a
+# pool's ``initargs`` are inherited, not pickled, and a spec holds frozen dataclasses,
+# which a module compiled with mypyc (``sim.native``) cannot unpickle. The parent
+# process never sets it.
+_worker_specs: tuple[RunSpec, ...] = ()
+
+
+def _take_specs(specs: tuple[RunSpec, ...]) -> None:
+    global _worker_specs
+    _worker_specs = specs
 
 
 def _run_in_worker(index: int, key: RunKey, reports: Any) -> Timed:
     def fed(n: int) -> None:
         reports.put((key, n))
 
-    return timed_run(_forked_specs[index], fed)
+    return timed_run(_worker_specs[index], fed)
 
 
 def timed_run(spec: RunSpec, progress: Callable[[int], None]) -> Timed:
@@ -127,25 +133,23 @@ def simulate(specs: Sequence[RunSpec], jobs: int, out: TextIO) -> dict[RunKey, T
             results[key] = timed_run(spec, _reporter(bar, key))
             bar.run_ended(key, f"{key[0]} / {key[1]}")
         return results
-    global _forked_specs
-    _forked_specs = tuple(specs)
     fork = multiprocessing.get_context("fork")
-    try:
-        with multiprocessing.Manager() as manager, ProcessPoolExecutor(jobs, fork) as pool:
-            reports = manager.Queue()
-            pending: dict[Future[Timed], RunKey] = {
-                pool.submit(_run_in_worker, i, run_key(s), reports): run_key(s)
-                for i, s in enumerate(specs)
-            }
-            while pending:
-                ended, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
-                _drain(reports, bar)
-                for future in ended:
-                    key = pending.pop(future)
-                    results[key] = future.result()
-                    bar.run_ended(key, f"{key[0]} / {key[1]}")
-    finally:
-        _forked_specs = ()
+    with (
+        multiprocessing.Manager() as manager,
+        ProcessPoolExecutor(jobs, fork, initializer=_take_specs, initargs=(tuple(specs),)) as pool,
+    ):
+        reports = manager.Queue()
+        pending: dict[Future[Timed], RunKey] = {
+            pool.submit(_run_in_worker, i, run_key(s), reports): run_key(s)
+            for i, s in enumerate(specs)
+        }
+        while pending:
+            ended, _ = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            _drain(reports, bar)
+            for future in ended:
+                key = pending.pop(future)
+                results[key] = future.result()
+                bar.run_ended(key, f"{key[0]} / {key[1]}")
     return results
 
 

@@ -82,6 +82,12 @@ class QueuedRequest:
             if self._queue is not None:
                 self._queue._abandon(self)
             raise
+        except QueueError as error:
+            # The future keeps ``error``: raised on from here, its traceback would hold
+            # this frame, so this entry and its future, a cycle per request turned away
+            # that only the cyclic GC frees (and most of them come under overload).
+            error.__traceback__ = None
+            raise type(error)(*error.args) from None
         self._grant = None
         return gpu_name
 

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import time
+import weakref
 from collections import Counter
 
 import pytest
@@ -348,3 +350,32 @@ async def test_offer_fails_an_entry_too_late_to_finish_before_its_deadline() -> 
     assert queue.offer("g", M)
     assert no_deadline.future.result() == "g"
     assert len(queue) == 0
+
+
+async def test_a_waiter_turned_away_is_freed_without_the_cyclic_gc() -> None:
+    """A waiter that times out (or is shed) is raised the error its future keeps:
+    raised as it is, the error's traceback holds the waiter's frame, and so the entry
+    and its future, a cycle per request turned away that only the cyclic GC frees
+    (under overload, when there are most of them)."""
+    queue, _ = make_queue()
+    gc.disable()
+    try:
+        tickets = [put(queue, deadline=time.monotonic() + 0.01) for _ in range(20)]
+        timed_out = 0
+        for ticket in tickets:
+            try:  # awaited here: wait_for's task would keep the error in a cycle of its own
+                await ticket.wait()
+            except QueueTimeout:
+                timed_out += 1
+        assert timed_out == 20 and len(queue) == 0
+        entries = [weakref.ref(ticket) for ticket in tickets]
+        del tickets, ticket
+        await asyncio.sleep(0)  # the futures' done callbacks, which hold them, run
+        # The queue lets go of settled entries lazily (a few may still be in a lane);
+        # those it let go of are freed at once, and the cyclic GC finds none of them.
+        kept = [entry for entry in entries if entry() is not None]
+        gc.collect()
+        freed_by_gc = sum(entry() is None for entry in kept)
+    finally:
+        gc.enable()
+    assert len(kept) < len(entries) and freed_by_gc == 0

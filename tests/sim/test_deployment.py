@@ -23,7 +23,7 @@ from sim.clock import run_simulated
 from sim.deployment import SimDeployment
 from sim.flow import RequestFlow
 from sim.requests import SimRequest
-from tests.sim.cyclic import request_leftovers, unreachable_now
+from tests.cyclic import request_leftovers, unreachable_now
 
 EAST, WEST = GeoPoint(39.0, -77.5), GeoPoint(45.6, -121.2)
 CITIES = (("washington", GeoPoint(38.9, -77.0)), ("portland", GeoPoint(45.5, -122.7)))

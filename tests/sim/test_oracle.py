@@ -22,7 +22,7 @@ from sim.gpu_model import SimGpu
 from sim.oracle import Oracle, PlacedGpu, completion_s, prefill_s
 from sim.oracle_index import HolderIndex, probe_depths
 from sim.requests import SIM_MODEL, SimRequest
-from tests.sim.cyclic import request_leftovers, unreachable_now
+from tests.cyclic import request_leftovers, unreachable_now
 
 PARIS = GeoPoint(48.86, 2.35)
 NEW_YORK = GeoPoint(40.71, -74.01)
