@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -14,8 +15,10 @@ from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.call import CallInterceptor, CallRecord, current_call
+from common.request.openai_call import CallAborted, HttpCallContext
 from common.request.server import V2Server
 from common.request.v2 import generate_request, text_response
+from tests.cyclic import unreachable_now
 
 
 class Handler(pb_grpc.GRPCInferenceServiceServicer):
@@ -182,3 +185,26 @@ async def test_each_call_of_a_method_gets_a_record_of_its_own_metadata(
     sessions = [dict(call.metadata).get("x-meridian-session") for call in ended]
     assert sessions == ["one", "two", "three"]
     assert len({id(call) for call in ended}) == 3
+
+
+async def test_a_failed_call_leaves_the_interceptor_no_cycle_to_free() -> None:
+    """The error a handler ends with is the observer's to read, not to keep: its
+    traceback holds the interceptor's frame, and the frame holding it would make a
+    cycle per failed call that only the cyclic GC frees."""
+    context = HttpCallContext((), None)  # a real servicer context, the OpenAI edge's
+
+    async def refused() -> None:
+        await context.abort(grpc.StatusCode.NOT_FOUND, "no such model (cycle check)")
+
+    events: list[tuple[str, str, CallRecord]] = []
+    interceptor = CallInterceptor([Observer("only", events)])
+    gc.disable()
+    try:
+        unreachable_now()  # what earlier tests left
+        with pytest.raises(CallAborted):
+            await interceptor.observe("ModelInfer", (), context, refused())
+        left = unreachable_now()
+    finally:
+        gc.enable()
+    assert events[-1][2].code == grpc.StatusCode.NOT_FOUND
+    assert [o for o in left if isinstance(o, CallAborted) and "cycle check" in str(o)] == []
