@@ -271,6 +271,17 @@ def test_holder_index_probes_powers_of_two_and_the_last_block() -> None:
     assert len(index) == 6  # blocks recorded at depths 1, 2, 4 and each last
 
 
+def test_a_full_holder_index_forgets_the_least_recently_recorded_block() -> None:
+    index = HolderIndex(limit=3)
+    index.remember((1,), 1)
+    index.remember((2,), 2)
+    index.remember((3,), 3)
+    index.remember((1,), 4)  # block 1 recorded again: now the newest
+    index.remember((5,), 5)  # full: block 2, the oldest, goes
+    assert len(index) == 3
+    assert [index.holders((b,)) for b in (1, 2, 3, 5)] == [[4, 1], [], [3], [5]]
+
+
 def test_throttling_mid_run_is_known_at_once() -> None:
     # At t=1 the H100 drops to 0.5x an A100: the request at t=2 goes to the A100.
     fleet = gpus(("h100", "H100", "eu"), ("a100", "A100", "eu"))
