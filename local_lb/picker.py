@@ -42,7 +42,7 @@ context it caches, and the prefix index already credits that in the cost.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from common.request.children import Child
@@ -80,28 +80,24 @@ class CompletionTimePicker:
 
     def cost(self, gpu: GpuChild, request: PickRequest, cached_blocks: int, now: float) -> float:
         """When ``request`` would finish on ``gpu``, which caches its first blocks."""
-        return self._costs(request, {gpu.name: cached_blocks}, now)(gpu)
+        uncached_work = request_work(request.prompt_tokens, request.max_tokens)
+        return self._cost(gpu, request, cached_blocks, uncached_work, now)
 
-    def _costs(
-        self, request: PickRequest, cached: dict[str, int], now: float
-    ) -> Callable[[GpuChild], float]:
-        """``cost`` for each candidate of one request (by the blocks each caches), the
-        work of an uncached prompt computed once."""
-        prompt, max_tokens = request.prompt_tokens, request.max_tokens
-        uncached_work = request_work(prompt, max_tokens)
-        reported = self.view.reported_requests
-        typical, bias = self.view.typical_work, self.length_bias
-
-        def cost(gpu: GpuChild) -> float:
-            blocks = cached.get(gpu.name, 0)
-            work = (
-                request_work(prompt, max_tokens, blocks * BLOCK_TOKENS) if blocks else uncached_work
-            )
-            shared = sharing(gpu.outstanding_requests, reported(gpu, now), gpu.slots)
-            seconds = gpu_completion_s(gpu, work, shared)
-            return seconds * long_request_weight(gpu, work, typical, bias)
-
-        return cost
+    def _cost(
+        self, gpu: GpuChild, request: PickRequest, blocks: int, uncached_work: float, now: float
+    ) -> float:
+        """``cost``, the work of the request uncached computed once for all candidates.
+        A method, not a closure: compiled with mypyc (``sim.native``) a closure made per
+        request and its environment hold each other, a cycle for the cyclic GC."""
+        work = (
+            request_work(request.prompt_tokens, request.max_tokens, blocks * BLOCK_TOKENS)
+            if blocks
+            else uncached_work
+        )
+        view = self.view
+        shared = sharing(gpu.outstanding_requests, view.reported_requests(gpu, now), gpu.slots)
+        seconds = gpu_completion_s(gpu, work, shared)
+        return seconds * long_request_weight(gpu, work, view.typical_work, self.length_bias)
 
     def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
         pool = children if isinstance(children, FreePool) else FreePool.of(children)
@@ -124,6 +120,14 @@ class CompletionTimePicker:
             candidates[gpu.name] = gpu
         # Ties (idle GPUs of one class) go to the session's GPU, else a random one,
         # not always the first listed.
-        cost, rand = self._costs(request, cached, now), self.rng.random
-        ranked = sorted(candidates.values(), key=lambda g: (cost(g), g is not sticky, rand()))
+        cost, rand = self._cost, self.rng.random
+        uncached_work = request_work(request.prompt_tokens, request.max_tokens)
+        ranked = sorted(
+            candidates.values(),
+            key=lambda g: (
+                cost(g, request, cached.get(g.name, 0), uncached_work, now),
+                g is not sticky,
+                rand(),
+            ),
+        )
         return list(ranked)
