@@ -8,8 +8,14 @@ import inspect
 from sim.gpu_model import SimJob
 
 
+def free_unreachable() -> None:
+    """Free what only the cyclic GC could free now: what came before a check."""
+    gc.collect()
+
+
 def unreachable_now() -> list[object]:
-    """Every object only the cyclic GC could free now (kept aside, then dropped)."""
+    """Every object only the cyclic GC could free now. Listed, not freed: the cycles are
+    still there after the call (``free_unreachable`` frees them)."""
     gc.set_debug(gc.DEBUG_SAVEALL)
     try:
         gc.collect()

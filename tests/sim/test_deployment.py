@@ -23,7 +23,7 @@ from sim.clock import run_simulated
 from sim.deployment import SimDeployment
 from sim.flow import RequestFlow
 from sim.requests import SimRequest
-from tests.cyclic import request_leftovers, unreachable_now
+from tests.cyclic import free_unreachable, request_leftovers, unreachable_now
 
 EAST, WEST = GeoPoint(39.0, -77.5), GeoPoint(45.6, -121.2)
 CITIES = (("washington", GeoPoint(38.9, -77.0)), ("portland", GeoPoint(45.5, -122.7)))
@@ -266,7 +266,7 @@ def test_a_request_that_fails_over_leaves_nothing_for_the_cyclic_gc() -> None:
         slow = max(deployment.zones["east-0"].gpus.values(), key=lambda g: g.speed)
         slow.set_speed(slow.speed / 50)
         await asyncio.sleep(1.0)
-        unreachable_now()  # what setting up left behind
+        free_unreachable()  # what setting up left behind
         await flow.serve(SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100))
         loop.call_later(0.5, _lose, deployment, "east")
         await flow.serve(SimRequest(1, loop.time(), "washington", CITIES[0][1], "t", 64, 400))

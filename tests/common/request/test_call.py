@@ -18,7 +18,7 @@ from common.request.call import CallInterceptor, CallRecord, current_call
 from common.request.openai_call import CallAborted, HttpCallContext
 from common.request.server import V2Server
 from common.request.v2 import generate_request, text_response
-from tests.cyclic import unreachable_now
+from tests.cyclic import free_unreachable, unreachable_now
 
 
 class Handler(pb_grpc.GRPCInferenceServiceServicer):
@@ -200,7 +200,7 @@ async def test_a_failed_call_leaves_the_interceptor_no_cycle_to_free() -> None:
     interceptor = CallInterceptor([Observer("only", events)])
     gc.disable()
     try:
-        unreachable_now()  # what earlier tests left
+        free_unreachable()  # what earlier tests left
         with pytest.raises(CallAborted):
             await interceptor.observe("ModelInfer", (), context, refused())
         left = unreachable_now()
