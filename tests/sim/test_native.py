@@ -111,7 +111,7 @@ def test_no_compiled_module_defines_a_named_function_inside_another() -> None:
     """Compiled, a function defined inside another is kept in the outer one's
     environment, which the inner one holds: a cycle per call, left for the cyclic GC
     that a simulated run switches off (per attempt in ``within_per_try``, per request
-    in the completion-time picker, ~1.3 GB over a million requests). Lambdas are not
+    in the completion-time picker, ~1.1 GB over a million requests). Lambdas are not
     kept there. Only ``sim.publishing.every``'s, made once per periodic task, is left."""
     nested = []
     for path in NATIVE_MODULES:

@@ -22,7 +22,7 @@ from sim.gpu_model import SimGpu
 from sim.oracle import Oracle, PlacedGpu, completion_s, prefill_s
 from sim.oracle_index import HolderIndex, probe_depths
 from sim.requests import SIM_MODEL, SimRequest
-from tests.cyclic import free_unreachable, request_leftovers, unreachable_now
+from tests.cyclic import request_leftovers, unreachable_now
 
 PARIS = GeoPoint(48.86, 2.35)
 NEW_YORK = GeoPoint(40.71, -74.01)
@@ -223,7 +223,6 @@ def test_a_request_failed_by_a_dying_gpu_leaves_nothing_for_the_cyclic_gc() -> N
     def kill(placed: list[PlacedGpu]) -> None:
         loop = placed[0].gpu.loop
         loop.call_at(0.001, placed[0].gpu.fail, "power")  # before the first token: retried
-        loop.call_at(0.2, free_unreachable)  # what setting up left behind
         loop.call_at(0.5, placed[1].gpu.fail, "power")  # after it: the request fails
         loop.call_at(0.9, lambda: left.append(unreachable_now()))
 
