@@ -31,10 +31,10 @@ def pick_time(result: dict[str, Any]) -> dict[str, float]:
 
 def tracing_overhead(result: dict[str, Any]) -> dict[str, float]:
     return {
-        "off rps": result["median_off_rps"],
-        "on rps": result["median_on_rps"],
-        "loss % (all traced)": result["loss_pct"],
-        "loss % (10 % sampled)": result["loss_sampled_10pct_pct"],
+        "off rps": result["median_rps"]["off"],
+        "on rps": result["median_rps"]["on"],
+        "CPU added % (all traced)": result["paired_cpu_added_pct"]["on"],
+        "CPU added % (10 % sampled)": result["paired_cpu_added_pct"]["10%"],
     }
 
 

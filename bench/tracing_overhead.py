@@ -1,62 +1,87 @@
-"""What tracing costs the request path: requests/s of one local tier, tracing off vs on.
+"""What tracing costs the request path: a local tier with tracing off, on, and 1 in 10.
 
-One in-process local tier over ``--gpus`` emulated A100s (``ZoneWorkers``, real gRPC on
-loopback, an embedded Redis for the capacity publisher), driven by a closed loop of
-``--concurrency`` clients sending 1-token generate requests for ``--seconds`` per run.
-The GPUs run at ``--time-scale`` (tiny: the router, not the GPU, is the bottleneck), so
-the figure is the router's own throughput — the worst case for a relative overhead.
+In one process: ``--gpus`` emulated A100s (``ZoneWorkers``, real gRPC on loopback, an
+embedded Redis for the capacity publisher) at ``--time-scale`` (tiny: the router, not the
+GPU, is the bottleneck, the worst case for a relative overhead), and a local tier per
+mode over them, all serving at once: *off* (the proxy's default no-op tracer), *off,
+again* (a second such tier: how far two identical tiers lie apart in the run), *on*
+(``setup_tracing`` with ``OTEL_TRACES_SAMPLER=parentbased_always_on`` and the in-memory
+span ring: a server, a ``pick`` and an attempt span per request, W3C context injected
+into the GPU call) and *10 %* (``setup_tracing`` with no sampler variable: Meridian's 1 in
+10). A closed loop of ``--concurrency`` clients sends 1-token generate requests to one
+tier for ``--seconds``, then the next, ``--runs`` rounds, every other round backwards;
+each window records requests/s and the process's CPU per request, and each traced window
+is compared with the *off* window of its round. Short windows keep a round within one
+mood of this shared machine. Then ``bench.tracing_hooks`` times tracing's own calls per
+request alone, at the edge and below it, where the windows' noise cannot hide them.
 
-Runs alternate *off* (the proxy's default no-op tracer), *on* (``setup_tracing`` with
-``OTEL_TRACES_SAMPLER=parentbased_always_on`` and the in-memory span ring: a server, a
-``pick`` and an attempt span per request, W3C context injected into the GPU call) and
-*default* (``setup_tracing`` with no sampler variable: Meridian's 1 in 10), on the same
-tier, ``--runs`` times each; the table reports each run and the medians.
-Everything (clients, tier, GPUs) shares the machine's cores.
-
-    .venv/bin/python -m bench.tracing_overhead             # 3 × 2 runs of 5 s, writes results
-    .venv/bin/python -m bench.tracing_overhead --seconds 2 --no-write
+    .venv/bin/python -m bench.tracing_overhead             # 40 rounds of 4 × 0.5 s, writes results
+    .venv/bin/python -m bench.tracing_overhead --runs 4 --no-write
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import os
-import platform
 import statistics
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import grpc
-from opentelemetry import trace
 
-from bench.report import write_json_and_markdown
-from common.basics.redis_embed import EmbeddedRedis
+from bench.report import machine, revision, write_json_and_markdown
+from bench.tracing_hooks import chain_cost, hook_costs, no_op_tracing
+from bench.tracing_report import markdown
+from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.topology import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.observability.tracing import Telemetry, setup_tracing
+from common.observability.tracing import DEFAULT_SAMPLE_RATIO, Telemetry, setup_tracing
 from common.request.v2 import generate_request
 from local_lb.server import build_local_tier
 from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
 
 REGION, ZONE, MODEL = "r", "r-1a", "m"
+# Windows: tracing off, off again on a second tier (how far two identical tiers lie
+# apart in this run: the floor under the others), every request traced, the default.
+MODES = ("off", "off, again", "on", "10%")
+# Share of requests the edge traces in each traced mode.
+SAMPLED = {"on": 1.0, "10%": DEFAULT_SAMPLE_RATIO}
 RESULTS = Path(__file__).parent / "results"
 
 
-def topology(redis_url: str, gpus: int) -> Topology:
-    return topology_from_mapping(
-        one_zone_mapping(
-            redis_url, gpus=gpus, model=MODEL, region=REGION, zone=ZONE, slow_start_window_s=0
-        )
+def topologies(redis_url: str, gpus: int) -> dict[str, Topology]:
+    """One topology per mode: the same GPUs, a zone address of its own for each mode's
+    local tier (all serve at once, so windows can alternate quickly)."""
+    mapping = one_zone_mapping(
+        redis_url, gpus=gpus, model=MODEL, region=REGION, zone=ZONE, slow_start_window_s=0
     )
+    zone = mapping["regions"][0]["zones"][0]
+    out = {}
+    for mode in MODES:
+        zone["listen"] = f"127.0.0.1:{free_port()}"
+        out[mode] = topology_from_mapping(copy.deepcopy(mapping))
+    return out
+
+
+@dataclass(frozen=True)
+class Window:
+    """One closed-loop window: requests/s, and this process's CPU per request (client,
+    tier and GPUs together, every thread; less disturbed by the machine's other work
+    than requests/s, which also counts the time the process was not scheduled)."""
+
+    rps: float
+    cpu_us: float
 
 
 async def closed_loop(
     stub: pb_grpc.GRPCInferenceServiceStub, concurrency: int, seconds: float
-) -> float:
-    """Requests/s finished by ``concurrency`` clients, each sending the next on reply."""
+) -> Window:
+    """What ``concurrency`` clients, each sending the next request on reply, get done."""
     request = generate_request(MODEL, "hello", 1)
     done = 0
     stop_at = time.perf_counter() + seconds
@@ -67,9 +92,10 @@ async def closed_loop(
             await stub.ModelInfer(request, timeout=10)
             done += 1
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     await asyncio.gather(*(client() for _ in range(concurrency)))
-    return done / (time.perf_counter() - started)
+    cpu_us = (time.process_time() - cpu) / max(done, 1) * 1e6
+    return Window(done / (time.perf_counter() - started), cpu_us)
 
 
 def tracing_with(sampler: str | None) -> Telemetry:
@@ -88,111 +114,101 @@ def tracing_with(sampler: str | None) -> Telemetry:
                 os.environ[key] = saved[key]  # type: ignore[assignment]
 
 
-async def measure(topo: Topology, telemetry: Telemetry, concurrency: int, seconds: float) -> float:
-    """Requests/s through a local tier built with ``telemetry`` (started for this run,
-    so each mode gets a tier of its own, as a process started with that tracing would)."""
-    tier = build_local_tier(topo, REGION, ZONE, telemetry=telemetry)
-    await tier.start()
+def telemetry_for(mode: str) -> Telemetry:
+    if mode not in SAMPLED:
+        return no_op_tracing()
+    # "on": every request traced; "10%": Meridian's default sampler, 1 in 10.
+    return tracing_with("parentbased_always_on" if mode == "on" else None)
+
+
+async def windows_by_mode(args: argparse.Namespace) -> dict[str, list[Window]]:
+    """``--runs`` rounds of one window per mode, through a local tier per mode over the
+    same GPUs, every other round backwards so no mode always follows the same one."""
+    redis = EmbeddedRedis()
+    redis.start()
+    topos = topologies(redis.url, args.gpus)
+    zone = topos["off"].zone(REGION, ZONE)
+    workers = ZoneWorkers(zone, region=REGION, time_scale=args.time_scale)
+    tiers = {
+        m: build_local_tier(t, REGION, ZONE, telemetry=telemetry_for(m)) for m, t in topos.items()
+    }
+    windows: dict[str, list[Window]] = {mode: [] for mode in MODES}
+    channels = {
+        m: grpc.aio.insecure_channel(t.zone(REGION, ZONE).endpoint.address)
+        for m, t in topos.items()
+    }
+    stubs = {m: pb_grpc.GRPCInferenceServiceStub(c) for m, c in channels.items()}
     try:
-        address = topo.zone(REGION, ZONE).endpoint.address
-        async with grpc.aio.insecure_channel(address) as channel:
-            stub = pb_grpc.GRPCInferenceServiceStub(channel)
-            await asyncio.sleep(0.5)  # first health checks
-            await closed_loop(stub, concurrency, 0.5)  # warm up
-            return await closed_loop(stub, concurrency, seconds)
+        await workers.start()
+        for tier in tiers.values():
+            await tier.start()
+        await asyncio.sleep(0.5)  # first health checks
+        for mode in MODES:
+            await closed_loop(stubs[mode], args.concurrency, 1.0)  # warm up
+        for i in range(args.runs):
+            for mode in MODES if i % 2 == 0 else MODES[::-1]:
+                window = await closed_loop(stubs[mode], args.concurrency, args.seconds)
+                windows[mode].append(window)
+                print(
+                    f"run {i + 1} tracing {mode:3s}: {window.rps:8.1f} req/s"
+                    f" {window.cpu_us:7.0f} µs CPU/request",
+                    flush=True,
+                )
     finally:
-        await tier.stop(0)
+        for channel in channels.values():
+            await channel.close()
+        for tier in tiers.values():
+            await tier.stop(0)
+        await workers.stop(0)
+        redis.stop()
+    return windows
 
 
 async def run(args: argparse.Namespace) -> dict[str, Any]:
-    redis = EmbeddedRedis()
-    redis.start()
-    topo = topology(redis.url, args.gpus)
-    workers = ZoneWorkers(topo.zone(REGION, ZONE), region=REGION, time_scale=args.time_scale)
-    results: dict[str, list[float]] = {mode: [] for mode in ("off", "on", "10%")}
-    try:
-        await workers.start()
-        for i in range(args.runs):
-            # Fresh providers per run: a tier's stop shuts its telemetry down.
-            modes = {
-                "off": Telemetry(trace.NoOpTracer()),
-                "on": tracing_with("parentbased_always_on"),  # every request traced
-                "10%": tracing_with(None),  # Meridian's default sampler: 1 in 10
-            }
-            for mode, telemetry in modes.items():
-                rps = await measure(topo, telemetry, args.concurrency, args.seconds)
-                results[mode].append(rps)
-                print(f"run {i + 1} tracing {mode:3s}: {rps:8.1f} req/s", flush=True)
-    finally:
-        await workers.stop(0)
-        redis.stop()
-    off, on = statistics.median(results["off"]), statistics.median(results["on"])
-    ratio = statistics.median(results["10%"])
+    windows = await windows_by_mode(args)
+    modes = {"off": no_op_tracing(), **{mode: telemetry_for(mode) for mode in SAMPLED}}
+    hooks = hook_costs(modes, args.hook_requests, args.hook_rounds)
+    for telemetry in modes.values():
+        telemetry.shutdown()
+    rps = {mode: [w.rps for w in ws] for mode, ws in windows.items()}
+    cpu = {mode: [w.cpu_us for w in ws] for mode, ws in windows.items()}
     return {
-        "machine": {
-            "cpus": os.cpu_count(),
-            "python": platform.python_version(),
-            "platform": platform.platform(),
-        },
+        "machine": machine(),
+        "revision": revision(),
         "params": vars(args),
-        "runs_rps": results,
-        "median_off_rps": off,
-        "median_on_rps": on,
-        "loss_pct": 100.0 * (off - on) / off,
-        "median_sampled_10pct_rps": ratio,
-        "loss_sampled_10pct_pct": 100.0 * (off - ratio) / off,
+        "runs_rps": rps,
+        "runs_cpu_us": cpu,
+        "median_rps": {mode: statistics.median(v) for mode, v in rps.items()},
+        "median_cpu_us": {mode: statistics.median(v) for mode, v in cpu.items()},
+        # Each window against the untraced one of its own round, then the median.
+        "paired_rps_lost_pct": {
+            mode: statistics.median(
+                100.0 * (o - t) / o for o, t in zip(rps["off"], rps[mode], strict=True)
+            )
+            for mode in MODES[1:]
+        },
+        "paired_cpu_added_pct": {
+            mode: statistics.median(
+                100.0 * (t - o) / o for o, t in zip(cpu["off"], cpu[mode], strict=True)
+            )
+            for mode in MODES[1:]
+        },
+        "hooks_us": hooks,
+        "hooks_chain_us": {
+            "off": chain_cost(hooks["off"], 0.0),
+            **{mode: chain_cost(hooks[mode], ratio) for mode, ratio in SAMPLED.items()},
+        },
     }
-
-
-def markdown(r: dict[str, Any]) -> str:
-    p = r["params"]
-    rows = "\n".join(
-        f"| {i + 1} | {a:.0f} | {b:.0f} | {c:.0f} |"
-        for i, (a, b, c) in enumerate(
-            zip(r["runs_rps"]["off"], r["runs_rps"]["on"], r["runs_rps"]["10%"], strict=True)
-        )
-    )
-    off, on = r["median_off_rps"], r["median_on_rps"]
-    ratio = r["median_sampled_10pct_rps"]
-    return f"""# Tracing overhead — local tier requests/s, tracing off vs on
-
-`python -m bench.tracing_overhead` ({r["machine"]["cpus"]} CPUs, Python
-{r["machine"]["python"]}, {r["machine"]["platform"]}). One in-process local tier, {p["gpus"]}
-emulated A100s at time scale {p["time_scale"]} (the router is the bottleneck), a closed loop
-of {p["concurrency"]} clients sending 1-token generate requests, {p["seconds"]} s per run,
-runs alternating off/on on the same tier. Clients, tier and GPUs share the cores.
-*On* = `setup_tracing` with `OTEL_TRACES_SAMPLER=parentbased_always_on` and the in-memory
-span ring: 3 spans per request (server, pick, attempt), W3C context injected into every
-GPU call. *Off* = the proxy's default no-op tracer.
-*10 %* = `setup_tracing` with no sampler variable: Meridian's default, 1 in 10
-(`parentbased_traceidratio` at 0.1).
-
-| run | off (req/s) | on, every request (req/s) | default, 1 in 10 (req/s) |
-|---|---|---|---|
-{rows}
-| **median** | **{off:.0f}** | **{on:.0f}** | **{ratio:.0f}** |
-
-Throughput lost to tracing, medians: **{r["loss_pct"]:.1f} %** with every request traced,
-**{r["loss_sampled_10pct_pct"]:.1f} %** with the default 1-in-10 sampling (goal < 10 %).
-
-Reading: this is the worst case, the router saturated by 1-token requests with an instant
-GPU. The OpenTelemetry Python SDK costs about 30 µs of CPU per span here (span object,
-sampler, attribute validation; measured in isolation: ~105 µs for the 3 spans, context
-extraction and injection of one request), against ~1.2 ms of CPU per request for
-client, tier and GPU together, so tracing every request misses the < 10 % goal at
-saturation; sampling 10 % meets it (an unsampled request still gets a trace id and
-passes the sampling decision down, so the tiers below skip their spans too). With real
-GPU times (5–250 ms per request) the router is far from saturated and the cost is
-latency only: ~0.1 ms per traced request per tier.
-"""
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=4)
     parser.add_argument("--concurrency", type=int, default=32)
-    parser.add_argument("--seconds", type=float, default=5.0)
-    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seconds", type=float, default=0.5)
+    parser.add_argument("--runs", type=int, default=40)
+    parser.add_argument("--hook-requests", type=int, default=20000)
+    parser.add_argument("--hook-rounds", type=int, default=5)
     parser.add_argument("--time-scale", type=float, default=0.001)
     parser.add_argument("--no-write", action="store_true")
     args = parser.parse_args()

@@ -96,7 +96,9 @@ class RouteHints:
 
 
 def _printable(value: str) -> bool:
-    return all(" " <= c <= "~" for c in value)
+    """Every character in 0x20-0x7E: for ASCII, exactly what ``isprintable`` accepts
+    (both run in C; a generator over the characters cost ~3 µs per traceparent)."""
+    return value.isascii() and value.isprintable()
 
 
 def _text(key: str, value: str | bytes) -> str:

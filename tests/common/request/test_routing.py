@@ -65,3 +65,21 @@ def test_malformed_hint_is_invalid_argument_naming_key(
         parse_hints(metadata, trust_internal=False)
     assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT
     assert f"'{names}'" in err.value.message
+
+
+def test_a_value_is_read_only_when_every_character_is_printable_ascii() -> None:
+    """The rule is 0x20-0x7E, character by character, over every code point below
+    0x3000 (controls, DEL, Latin-1, other scripts' letters and spaces)."""
+    for code in range(0x3000):
+        char = chr(code)
+        value = f"s{char}s"
+        if 0x20 <= code <= 0x7E:
+            assert parse_hints([("x-meridian-session", value)], trust_internal=False).session
+            hints = parse_hints([("traceparent", value)], trust_internal=True)
+            assert hints.passed_down == (("traceparent", value),)
+        else:
+            with pytest.raises(RouteError) as err:
+                parse_hints([("x-meridian-session", value)], trust_internal=False)
+            assert err.value.code == grpc.StatusCode.INVALID_ARGUMENT, hex(code)
+            # A trace header that breaks the rule is dropped, not refused.
+            assert parse_hints([("traceparent", value)], trust_internal=True).passed_down == ()
