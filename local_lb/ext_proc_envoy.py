@@ -23,7 +23,9 @@ end-to-end tests and ``bench/extproc.py`` render them for their own ports.
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -255,10 +257,24 @@ def example_name(original_dst: bool) -> str:
     return "envoy-original-dst.yaml" if original_dst else "envoy.yaml"
 
 
-if __name__ == "__main__":
-    from pathlib import Path
+DEPLOY_DIR = Path(__file__).resolve().parent.parent / "deploy" / "envoy"
 
-    where = Path(__file__).resolve().parent.parent / "deploy" / "envoy"
-    where.mkdir(exist_ok=True)
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """Write both example bootstraps (``--help`` says so, and writes nothing)."""
+    parser = argparse.ArgumentParser(
+        prog="python -m local_lb.ext_proc_envoy",
+        description="Write the example Envoy bootstraps (override_host and ORIGINAL_DST "
+        "clusters) that put a zone's endpoint picker in front of its GPUs.",
+    )
+    parser.add_argument(
+        "--out", type=Path, default=DEPLOY_DIR, help="directory to write (default: deploy/envoy)"
+    )
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
     for shape in (False, True):
-        (where / example_name(shape)).write_text(example(shape), encoding="utf-8")
+        (args.out / example_name(shape)).write_text(example(shape), encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
