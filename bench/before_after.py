@@ -33,8 +33,8 @@ def tracing_overhead(result: dict[str, Any]) -> dict[str, float]:
     return {
         "off rps": result["median_rps"]["off"],
         "on rps": result["median_rps"]["on"],
-        "CPU added % (all traced)": result["paired_cpu_added_pct"]["on"],
-        "CPU added % (10 % sampled)": result["paired_cpu_added_pct"]["10%"],
+        "CPU added % (all traced)": result["paired_cpu_added_pct"]["on"]["median"],
+        "CPU added % (10 % sampled)": result["paired_cpu_added_pct"]["10%"]["median"],
     }
 
 

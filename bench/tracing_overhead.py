@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import copy
+import math
 import os
 import statistics
 import time
@@ -164,6 +165,25 @@ async def windows_by_mode(args: argparse.Namespace) -> dict[str, list[Window]]:
     return windows
 
 
+def paired_pct(base: list[float], other: list[float], *, lost: bool) -> dict[str, float]:
+    """How far ``other`` lies from ``base`` round by round, in % of ``base`` (``lost``:
+    positive when lower, as requests/s lost; else positive when higher, as CPU added):
+    the median over the rounds, and its standard error (1.2533 σ/√n, the normal
+    approximation), which says how finely the run can tell."""
+    sign = -1.0 if lost else 1.0
+    diffs = [sign * 100.0 * (o - b) / b for b, o in zip(base, other, strict=True)]
+    spread = statistics.stdev(diffs) if len(diffs) > 1 else 0.0
+    return {
+        "median": statistics.median(diffs),
+        "stderr": 1.2533 * spread / math.sqrt(len(diffs)),
+    }
+
+
+def untraced(by_mode: dict[str, list[float]]) -> list[float]:
+    """Each round's mean of the two untraced windows."""
+    return [(a + b) / 2 for a, b in zip(by_mode["off"], by_mode["off, again"], strict=True)]
+
+
 async def run(args: argparse.Namespace) -> dict[str, Any]:
     windows = await windows_by_mode(args)
     modes = {"off": no_op_tracing(), **{mode: telemetry_for(mode) for mode in SAMPLED}}
@@ -180,18 +200,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "runs_cpu_us": cpu,
         "median_rps": {mode: statistics.median(v) for mode, v in rps.items()},
         "median_cpu_us": {mode: statistics.median(v) for mode, v in cpu.items()},
-        # Each window against the untraced one of its own round, then the median.
+        # The second untraced tier against the first, round by round: the noise floor.
+        "untraced_apart_pct": {
+            "rps": paired_pct(rps["off"], rps["off, again"], lost=True),
+            "cpu": paired_pct(cpu["off"], cpu["off, again"], lost=False),
+        },
+        # Each traced window against the mean of its round's two untraced ones (either
+        # alone may be the faster tier of the run).
         "paired_rps_lost_pct": {
-            mode: statistics.median(
-                100.0 * (o - t) / o for o, t in zip(rps["off"], rps[mode], strict=True)
-            )
-            for mode in MODES[1:]
+            mode: paired_pct(untraced(rps), rps[mode], lost=True) for mode in SAMPLED
         },
         "paired_cpu_added_pct": {
-            mode: statistics.median(
-                100.0 * (t - o) / o for o, t in zip(cpu["off"], cpu[mode], strict=True)
-            )
-            for mode in MODES[1:]
+            mode: paired_pct(untraced(cpu), cpu[mode], lost=False) for mode in SAMPLED
         },
         "hooks_us": hooks,
         "hooks_chain_us": {
