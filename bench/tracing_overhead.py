@@ -11,8 +11,9 @@ into the GPU call) and *10 %* (``setup_tracing`` with no sampler variable: Merid
 10). A closed loop of ``--concurrency`` clients sends 1-token generate requests to one
 tier for ``--seconds``, then the next, ``--runs`` rounds, every other round backwards;
 each window records requests/s and the process's CPU per request, and each traced window
-is compared with the *off* window of its round. Short windows keep a round within one
-mood of this shared machine. Then ``bench.tracing_hooks`` times tracing's own calls per
+is compared with the mean of its round's two untraced ones (the second untraced tier
+against the first gives the noise floor). Short windows keep a round within one mood of
+this shared machine. Then ``bench.tracing_hooks`` times tracing's own calls per
 request alone, at the edge and below it, where the windows' noise cannot hide them.
 
     .venv/bin/python -m bench.tracing_overhead             # 40 rounds of 4 × 0.5 s, writes results
