@@ -73,8 +73,8 @@ def topologies(redis_url: str, gpus: int) -> dict[str, Topology]:
 @dataclass(frozen=True)
 class Window:
     """One closed-loop window: requests/s, and this process's CPU per request (client,
-    tier and GPUs together, every thread; less disturbed by the machine's other work
-    than requests/s, which also counts the time the process was not scheduled)."""
+    tier and GPUs together, every thread; unlike requests/s, it leaves out the time the
+    process waited for a core)."""
 
     rps: float
     cpu_us: float
