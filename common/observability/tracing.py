@@ -12,7 +12,7 @@ reads and validates the ones that choose objects; the SDK objects read the rest)
   Meridian's default (variable unset) is ``parentbased_traceidratio`` at 0.1: a
   caller's sampled trace is always followed, and 1 in 10 of the other requests
   is traced: tracing's own code then costs ~1 % of a saturated tier's CPU per
-  request, tracing all ~20 % (``bench/results/tracing_overhead.md``);
+  request, tracing every request 11-20 % (``bench/results/tracing_overhead.md``);
 * ``OTEL_TRACES_EXPORTER`` (``otlp``, ``console``, ``none``) and
   ``OTEL_EXPORTER_OTLP_[TRACES_]PROTOCOL`` (``grpc``, ``http/protobuf``): where
   finished spans are batched to; each OTLP exporter reads its endpoint, headers,
