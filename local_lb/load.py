@@ -20,7 +20,7 @@ import random
 import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import aiohttp
 import grpc
@@ -232,8 +232,8 @@ class BackendMonitor:
             started = loop.time()
             # Both within one timeout_s; a bug is logged, never ends this GPU's loop.
             await asyncio.gather(
-                _logged(self._scrape(backend, session), backend.gpu.name),
-                _logged(self._check(backend), backend.gpu.name),
+                _logged(self._scrape, backend, session),
+                _logged(self._check, backend),
             )
             elapsed = loop.time() - started
             await asyncio.sleep(max(0.0, jittered(self.interval_s, self._rng) - elapsed))
@@ -277,8 +277,10 @@ class BackendMonitor:
         self._on_health(backend.gpu.name, check)
 
 
-async def _logged(step: Awaitable[None], name: str) -> None:
+async def _logged(step: Callable[..., Awaitable[None]], backend: _Backend, *args: Any) -> None:
+    """``step(backend, *args)``, a bug in it logged. The step's coroutine is made here, in
+    the gathered task, so a poll cancelled before that task ran leaves none unawaited."""
     try:
-        await step
+        await step(backend, *args)
     except Exception:
-        log.exception("load monitor poll of GPU %s failed", name)
+        log.exception("load monitor poll of GPU %s failed", backend.gpu.name)

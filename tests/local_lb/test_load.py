@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import random
 import time
+import warnings
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import grpc
@@ -509,3 +511,20 @@ def test_monitored_gpu_from_config() -> None:
     assert MonitoredGpu.from_config(cfg) == MonitoredGpu(
         "g", "10.0.0.1:8001", frozenset({"llama"}), "http://10.0.0.1:8002/metrics"
     )
+
+
+async def test_a_monitor_stopped_mid_poll_leaves_no_step_unawaited(worker: GpuWorker) -> None:
+    """Stopped when a poll has just asked for its scrape and check but neither has run,
+    the monitor leaves no coroutine that was made and never awaited (Python warns of
+    each when it is collected)."""
+    gc.collect()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for _ in range(5):
+            monitor = BackendMonitor([monitored(worker)], on_health=Recorder(), interval_s=1.0)
+            await monitor.start()
+            await asyncio.sleep(0)  # the poll loop runs up to its gather, no further
+            await monitor.stop()
+        gc.collect()
+    unawaited = [str(w.message) for w in caught if "never awaited" in str(w.message)]
+    assert unawaited == []
