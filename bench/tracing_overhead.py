@@ -37,7 +37,7 @@ import grpc
 
 from bench.report import machine, revision, write_json_and_markdown
 from bench.tracing_hooks import chain_cost, hook_costs, no_op_tracing
-from bench.tracing_report import markdown
+from bench.tracing_report import MODES, markdown
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.topology import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
@@ -48,9 +48,6 @@ from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
 
 REGION, ZONE, MODEL = "r", "r-1a", "m"
-# Windows: tracing off, off again on a second tier (how far two identical tiers lie
-# apart in this run: the floor under the others), every request traced, the default.
-MODES = ("off", "off, again", "on", "10%")
 # Share of requests the edge traces in each traced mode.
 SAMPLED = {"on": 1.0, "10%": DEFAULT_SAMPLE_RATIO}
 RESULTS = Path(__file__).parent / "results"

@@ -6,7 +6,9 @@ from typing import Any
 
 from bench.tracing_hooks import POSITIONS
 
-WINDOW_MODES = ("off", "off, again", "on", "10%")
+# Windows: tracing off, off again on a second tier (how far two identical tiers lie
+# apart in a run: the floor under the others), every request traced, the default.
+MODES = ("off", "off, again", "on", "10%")
 HOOK_MODES = ("off", "on", "10%")
 
 
@@ -14,10 +16,10 @@ def window_rows(r: dict[str, Any]) -> str:
     rps, cpu = r["runs_rps"], r["runs_cpu_us"]
     lines = []
     for i in range(len(rps["off"])):
-        cells = " | ".join(f"{rps[m][i]:.0f} / {cpu[m][i]:.0f}" for m in WINDOW_MODES)
+        cells = " | ".join(f"{rps[m][i]:.0f} / {cpu[m][i]:.0f}" for m in MODES)
         lines.append(f"| {i + 1} | {cells} |")
     rps_m, cpu_m = r["median_rps"], r["median_cpu_us"]
-    medians = " | ".join(f"**{rps_m[m]:.0f} / {cpu_m[m]:.0f}**" for m in WINDOW_MODES)
+    medians = " | ".join(f"**{rps_m[m]:.0f} / {cpu_m[m]:.0f}**" for m in MODES)
     lines.append(f"| **median** | {medians} |")
     return "\n".join(lines)
 
