@@ -50,6 +50,8 @@ _PR_SET_PDEATHSIG = 1
 
 
 PARENT_PID_ENV = "MERIDIAN_PARENT_PID"
+# A fleet's processes by name prefix, bottom up: started in this order, stopped in reverse.
+LAYERS = ("worker-", "local-", "regional-", "global")
 
 
 def die_with_parent() -> None:
@@ -141,9 +143,14 @@ class TierProcess:
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+    def send_signal(self, sig: int = signal.SIGTERM) -> None:
+        """Send ``sig`` if it still runs, without waiting (``stop`` waits)."""
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(sig)
+
+    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.send_signal(sig)
             try:
                 self.process.wait(timeout_s)
             except subprocess.TimeoutExpired:
@@ -331,8 +338,8 @@ class Fleet:
         try:
             for server in self.region_redis.values():
                 server.start()
-            for layer in ("worker-", "local-", "regional-", "global"):
-                started = [p for n, p in self.processes.items() if n.startswith(layer)]
+            for layer in LAYERS:
+                started = self._layer(layer)
                 for proc in started:
                     proc.start()
                 for proc in started:
@@ -379,10 +386,18 @@ class Fleet:
         proc.start()
         self._wait_ready(proc, time.monotonic() + timeout_s)
 
+    def _layer(self, prefix: str) -> list[TierProcess]:
+        return [p for n, p in self.processes.items() if n.startswith(prefix)]
+
     def stop(self) -> None:
-        # Top down, so upper tiers stop sending before the ones below go away.
-        for proc in reversed(list(self.processes.values())):
-            proc.stop()
+        # Top down, so upper tiers stop sending before the ones below go away; a
+        # layer's processes stop together (each drains for about half a second).
+        for layer in reversed(LAYERS):
+            stopping = self._layer(layer)
+            for proc in stopping:
+                proc.send_signal()
+            for proc in stopping:
+                proc.stop()
         if self.redis is not None:
             self.redis.close()
         for server in self.region_redis.values():

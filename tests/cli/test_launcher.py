@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.launcher import ExitWatch, TierProcess
+from cli.launcher import LAYERS, ExitWatch, Fleet, TierProcess
 from tests.common.basics.test_redis_embed import answers
 from tests.conftest import small_fleet_spec
 
@@ -156,3 +156,51 @@ def test_sigkilled_up_leaves_no_process_and_a_dead_tier_is_warned_of_once(
         with contextlib.suppress(ProcessLookupError):  # the group this test started
             os.killpg(up.pid, signal.SIGKILL)
         up.wait(10)
+
+
+# Says when SIGTERM came and, after a drain, when it exits (as a tier does: DRAIN_NOTICE_S).
+DRAINER = """
+import signal, sys, time
+name, events = sys.argv[1], sys.argv[2]
+def drain(*_):
+    with open(events, "a") as f:
+        f.write(f"{name} signalled {time.monotonic()}\\n")
+    time.sleep(0.3)
+    with open(events, "a") as f:
+        f.write(f"{name} exits {time.monotonic()}\\n")
+    sys.exit(0)
+signal.signal(signal.SIGTERM, drain)
+time.sleep(60)
+"""
+
+
+def test_a_fleet_stops_top_down_a_layer_at_a_time(tmp_path: Path) -> None:
+    path = tmp_path / "fleet.yaml"
+    path.write_text(yaml.safe_dump(small_fleet_spec(regions=2, zones=1, gpus=1)))
+    fleet = Fleet(path, tmp_path / "run", tls=False)  # not started: its processes drain
+    events = tmp_path / "events"
+    fleet.processes = {
+        name: TierProcess(
+            name, [sys.executable, "-c", DRAINER, name, str(events)], tmp_path / f"{name}.log"
+        )
+        for name in fleet.processes
+    }
+    try:
+        for proc in fleet.processes.values():
+            proc.start()
+        time.sleep(1.0)  # every handler installed
+    finally:
+        fleet.stop()
+    seen: dict[tuple[str, str], float] = {}
+    for line in events.read_text().splitlines():
+        name, what, at = line.split()
+        seen[name, what] = float(at)
+    layers = [[n for n in fleet.processes if n.startswith(layer)] for layer in LAYERS]
+    assert sorted(n for layer in layers for n in layer) == sorted(fleet.processes)
+    assert all(len(layer) == 2 for layer in layers[:3])  # two zones, two regions
+    for upper, lower in zip(layers[::-1], layers[::-1][1:], strict=False):
+        # The layer below is signalled only once every process above has exited...
+        assert max(seen[n, "exits"] for n in upper) <= min(seen[n, "signalled"] for n in lower)
+    for layer in layers:
+        # ...and a layer's processes drain together, not one after the other.
+        assert max(seen[n, "signalled"] for n in layer) < min(seen[n, "exits"] for n in layer)
