@@ -228,7 +228,31 @@ def _run_keygen(args: argparse.Namespace) -> None:
     print("give the key to the tenant; put the sha256 in auth.tenants[].api_key_sha256")
 
 
+# What each process a Fleet launches imports before its start gate.
+_SERVING_MODULES = {
+    "global": "global_lb.server",
+    "regional": "regional_lb.server",
+    "local": "local_lb.server",
+    "worker": "sim.worker",
+}
+
+
+def _through_start_gate(command: str) -> None:
+    """Launched behind a gate (``cli.launcher.Fleet.start``): load the code now, the
+    slow part of a start, then wait until the launcher closes the gate's pipe."""
+    from cli.launcher import START_GATE_ENV
+
+    gate = os.environ.pop(START_GATE_ENV, None)
+    if gate is None or command not in _SERVING_MODULES:
+        return
+    importlib.import_module(_SERVING_MODULES[command])
+    while os.read(int(gate), 1):  # end of file: the gate is open
+        pass
+    os.close(int(gate))
+
+
 def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
+    _through_start_gate(args.command)
     if args.command in ("global", "regional", "local"):
         if args.workers > 1 and args.worker_index is None:
             return _supervise(args, argv)

@@ -16,10 +16,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.launcher import LAYERS, ExitWatch, Fleet, TierProcess
+from cli.launcher import LAYERS, START_GATE_ENV, ExitWatch, Fleet, TierProcess
 from tests.common.basics.test_redis_embed import answers
 from tests.conftest import small_fleet_spec
 
+ROOT = Path(__file__).resolve().parents[2]
 SLEEPER = [sys.executable, "-c", "import time; time.sleep(60)"]
 
 
@@ -204,3 +205,41 @@ def test_a_fleet_stops_top_down_a_layer_at_a_time(tmp_path: Path) -> None:
     for layer in layers:
         # ...and a layer's processes drain together, not one after the other.
         assert max(seen[n, "signalled"] for n in layer) < min(seen[n, "exits"] for n in layer)
+
+
+GATED = """
+import os, sys
+from cli.main import _through_start_gate
+_through_start_gate("local")
+print("local_lb.server" in sys.modules, os.environ.get("MERIDIAN_START_GATE"), flush=True)
+"""
+
+
+def test_a_gated_process_loads_its_tier_then_waits_for_the_gate_to_open() -> None:
+    read, write = os.pipe()
+    child = subprocess.Popen(
+        [sys.executable, "-c", GATED],
+        env={**os.environ, START_GATE_ENV: str(read), "PYTHONPATH": str(ROOT)},
+        pass_fds=(read,),
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    os.close(read)
+    try:
+        deadline = time.monotonic() + 30
+        # Until it blocks in read(2) on the gate (/proc/PID/syscall: number 0, then the fd).
+        while not Path(f"/proc/{child.pid}/syscall").read_text().startswith(f"0 {read:#x} "):
+            assert child.poll() is None, "it went through a closed gate"
+            assert time.monotonic() < deadline, "it never waited at the gate"
+            time.sleep(0.02)
+        os.close(write)
+        write = -1
+        out, _ = child.communicate(timeout=30)
+    finally:
+        if write >= 0:
+            os.close(write)
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    # Its tier's code loaded; the gate not passed on to what it starts.
+    assert out.split() == ["True", "None"]
