@@ -37,6 +37,7 @@ import yaml
 
 from cli.readiness import tier_ready
 from cli.region_redis import embed_region_redises
+from common.basics.processes import stop_process
 from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.identity import Identity, local, regional
 from common.config.pki import FleetCA
@@ -158,13 +159,7 @@ class TierProcess:
             self.process.send_signal(sig)
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.send_signal(sig)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, sig, timeout_s)
         if self.log_file is not None:
             self.log_file.close()
             self.log_file = None

@@ -27,6 +27,8 @@ from pathlib import Path
 
 import redis
 
+from common.basics.processes import stop_process
+
 # Runs between fork and redis-server's exec in a fresh interpreter (a preexec_fn
 # would run Python in the forked launcher, which can deadlock one with threads):
 # ask the kernel for SIGTERM when the parent dies (kept across execve), give up
@@ -201,13 +203,7 @@ class EmbeddedRedis:
             client.close()
 
     def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(5)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, timeout_s=5)
         self.process = None
 
     def kill(self) -> None:

@@ -40,6 +40,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from common.basics.processes import stop_process
+
 PREFIX = "mrd"
 SERVICE_NET = "10.213.0"  # service addresses, one per host, on lo
 LINK_NET = "10.213"  # link k uses 10.213.k.0/24 (k >= 1): .1 on side a, .2 on side b
@@ -158,13 +160,7 @@ class HostProcess:
         return self.process is not None and self.process.poll() is None
 
     def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 5.0) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(sig)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        stop_process(self.process, sig, timeout_s)
         if self.log_file is not None:
             self.log_file.close()
             self.log_file = None
