@@ -32,7 +32,8 @@ import redis
 import yaml
 
 from bench.chaos_procs import Proc, alive, argv_of, children, cpu_seconds, redis_command, still
-from cli.launcher import DEMO_FLEET, PARENT_PID_ENV, tier_ready
+from cli.launcher import DEMO_FLEET, tier_ready
+from cli.processes import PARENT_PID_ENV
 from common.config.topology import Topology, load_topology
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -21,7 +21,7 @@ from typing import Any
 
 import grpc
 
-from cli.launcher import die_with_parent
+from cli.processes import die_with_parent
 
 
 def _pair(prefix: str | None) -> tuple[bytes, bytes] | None:

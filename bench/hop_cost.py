@@ -38,7 +38,8 @@ from typing import Any
 import grpc
 import yaml
 
-from cli.launcher import DEMO_FLEET, Fleet, TierProcess
+from cli.launcher import DEMO_FLEET, Fleet
+from cli.processes import TierProcess
 from common.basics.redis_embed import free_port
 from common.config.identity import GLOBAL, Identity, local, regional
 from common.request.v2 import generate_request

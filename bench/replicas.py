@@ -45,7 +45,8 @@ from bench.hop_cost import (
     med,
 )
 from bench.report import write_json_and_markdown
-from cli.launcher import Fleet, TierProcess
+from cli.launcher import Fleet
+from cli.processes import TierProcess
 from cli.readiness import tier_ready
 from common.basics.redis_embed import free_port
 from common.request.replicas import replica_channel_options

@@ -240,7 +240,7 @@ _SERVING_MODULES = {
 def _through_start_gate(command: str) -> None:
     """Launched behind a gate (``cli.launcher.Fleet.start``): load the code now, the
     slow part of a start, then wait until the launcher closes the gate's pipe."""
-    from cli.launcher import START_GATE_ENV
+    from cli.processes import START_GATE_ENV
 
     gate = os.environ.pop(START_GATE_ENV, None)
     if gate is None or command not in _SERVING_MODULES:
@@ -277,7 +277,7 @@ def _dispatch(args: argparse.Namespace, argv: list[str]) -> int:
 
 
 def main(argv: list[str] | None = None) -> None:
-    from cli.launcher import die_with_parent
+    from cli.processes import die_with_parent
 
     die_with_parent()
     argv = sys.argv[1:] if argv is None else argv

@@ -11,7 +11,7 @@ instead of failing), starts ``meridian <the same command> --worker-index i`` for
   ``KILL_MARGIN_S`` after that is killed. Exit 0 when every worker exited 0, else 1.
   The workers run in their own process group, so a terminal's Ctrl-C reaches the
   supervisor only and each worker is told once. Each worker asks the kernel for
-  SIGTERM should the supervisor die (``cli.launcher.die_with_parent``).
+  SIGTERM should the supervisor die (``cli.processes.die_with_parent``).
 * **a worker dies** (any exit the supervisor did not ask for): logged, and the worker
   is started again at once, the others serving meanwhile (its clients' connections
   break; their new ones land on the others). More than ``MAX_RESTARTS`` deaths within
@@ -33,7 +33,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from types import FrameType
 
-from cli.launcher import PARENT_PID_ENV
+from cli.processes import PARENT_PID_ENV
 from common.config.node import ConfigError, Endpoint
 
 log = logging.getLogger(__name__)

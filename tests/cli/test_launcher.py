@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from cli.launcher import LAYERS, START_GATE_ENV, ExitWatch, Fleet, TierProcess
+from cli.launcher import LAYERS, Fleet
+from cli.processes import START_GATE_ENV, ExitWatch, TierProcess
 from tests.common.basics.test_redis_embed import answers
 from tests.conftest import small_fleet_spec
 

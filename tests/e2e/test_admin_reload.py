@@ -25,7 +25,8 @@ import pytest
 import yaml
 
 from cli.admin import KEY_ENV, admin_main
-from cli.launcher import Fleet, TierProcess, tier_ready
+from cli.launcher import Fleet, tier_ready
+from cli.processes import TierProcess
 from common.basics.redis_embed import free_port
 from common.gen.meridian.v1 import admin_pb2 as apb
 from common.gen.meridian.v1 import admin_pb2_grpc as apb_grpc

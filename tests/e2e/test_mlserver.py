@@ -26,7 +26,8 @@ from typing import IO, Any
 import pytest
 import yaml
 
-from cli.launcher import Fleet, TierProcess, tier_ready
+from cli.launcher import Fleet, tier_ready
+from cli.processes import TierProcess
 from common.basics.redis_embed import free_port
 from common.request.v2 import generate_request, response_text
 from tests.client import V2Client, zone_of

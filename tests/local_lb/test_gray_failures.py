@@ -23,7 +23,8 @@ import grpc
 import pytest
 import yaml
 
-from cli.launcher import TierProcess, tier_ready
+from cli.launcher import tier_ready
+from cli.processes import TierProcess
 from common.basics.redis_embed import EmbeddedRedis
 from common.config.topology import topology_from_mapping
 from common.gen.inference import grpc_service_pb2 as pb
