@@ -77,9 +77,11 @@ def start_fleet(tmp: Path, spec: dict[str, Any], policy: str = "default") -> Fle
     return fleet
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def demo_fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """The whole demo fleet (3 regions x 2 zones x 4 GPUs), shared by read-only tests."""
+    """The whole demo fleet (3 regions x 2 zones x 4 GPUs), shared by a module's read-only
+    tests. Module-scoped: idle, its processes (health checks, summaries, scrapes) take a
+    third of a core, which a session fixture took from every test after it to the end."""
     fleet = start_fleet(tmp_path_factory.mktemp("demo"), demo_fleet_spec())
     try:
         yield fleet
