@@ -229,8 +229,10 @@ def test_a_gated_process_loads_its_tier_then_waits_for_the_gate_to_open() -> Non
     try:
         deadline = time.monotonic() + 30
         # Until it blocks in read(2) on the gate (/proc/PID/syscall: number 0, then the fd).
-        while not Path(f"/proc/{child.pid}/syscall").read_text().startswith(f"0 {read:#x} "):
+        while True:
             assert child.poll() is None, "it went through a closed gate"
+            if Path(f"/proc/{child.pid}/syscall").read_text().startswith(f"0 {read:#x} "):
+                break
             assert time.monotonic() < deadline, "it never waited at the gate"
             time.sleep(0.02)
         os.close(write)
