@@ -303,7 +303,7 @@ class Fleet:
             for proc in stopping:
                 proc.send_signal()
             for proc in stopping:
-                proc.stop()
+                proc.stop(sig=None)  # signalled above: only wait
         if self.redis is not None:
             self.redis.close()
         for server in self.region_redis.values():

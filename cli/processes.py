@@ -81,7 +81,8 @@ class TierProcess:
         if self.process is not None and self.process.poll() is None:
             self.process.send_signal(sig)
 
-    def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+    def stop(self, sig: int | None = signal.SIGTERM, timeout_s: float = 10.0) -> None:
+        """``sig`` (None: already sent with ``send_signal``), then wait, then kill."""
         stop_process(self.process, sig, timeout_s)
         if self.log_file is not None:
             self.log_file.close()
