@@ -33,6 +33,7 @@ from common.request.streaming import Release, no_release
 from common.tenancy.auth import Authenticator, asked_priority
 from common.tenancy.concurrency import TenantConcurrency
 from common.tenancy.quota import TenantRateLimiter
+from common.tenancy.quota_scripts import EDGE_SCRIPTS
 from common.tenancy.settle import QuotaSettler
 from common.tenancy.shared_redis import QuotaRedis
 from common.tenancy.usage import UsageRecord, UsageRecorder
@@ -53,6 +54,8 @@ class Admission:
     shared: QuotaRedis | None = None
 
     async def start(self) -> None:
+        if self.shared is not None:
+            await self.shared.warm(EDGE_SCRIPTS)
         if self.usage is not None:
             self.usage.start()
         if self.settler is not None:

@@ -154,3 +154,6 @@ redis.call('ZREMRANGEBYSCORE', key, '-inf', now_ms)
 return {redis.call('ZCARD', key)}
 """
 )
+
+# Every script the edge's quotas run, loaded when it starts (``QuotaRedis.warm``).
+EDGE_SCRIPTS = (GCRA, SETTLE, ADMIT, SYNC)

@@ -113,6 +113,23 @@ class QuotaRedis:
         await self.batch.drain()
         await self.client.aclose()
 
+    async def warm(self, scripts: Sequence[Script], timeout_s: float = 1.0) -> bool:
+        """Open a pooled connection and load ``scripts`` before a request needs them.
+
+        Cold, a replica's first quota call pays a connect, EVALSHA's NOSCRIPT and the
+        EVAL, each under ``timeout_s`` of the call's: on a busy machine that first call
+        is the one most likely to time out and send the replica to its fallback share.
+        Best effort: when Redis is not there yet, False, and the first call finds out
+        as any other (nothing is marked down here)."""
+        try:
+            async with asyncio.timeout(timeout_s):
+                for script in scripts:
+                    await self.client.script_load(script.text)
+        except (RedisError, OSError) as exc:  # TimeoutError is an OSError
+            log.debug("%s: redis not warmed at start (%s)", self.what, type(exc).__name__)
+            return False
+        return True
+
     def due(self) -> bool:
         """Whether this call should try Redis: always while it is up; while it is
         down, one call per back-off period (the probe), the others stay in process."""

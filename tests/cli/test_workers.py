@@ -151,14 +151,14 @@ def test_two_workers_share_the_port_and_never_exceed_a_gpus_slots(
 ) -> None:
     local = start_zone(zone, launch)
     address = zone["zone"]["listen"]
-    peak = {"running": 0.0, "waiting": 0.0}
+    peak = {"running": 0.0, "at_gpu": 0.0}
     done = threading.Event()
 
     def watch() -> None:
         while not done.wait(0.02):
             running, waiting = gpu_gauges(zone)
             peak["running"] = max(peak["running"], running)
-            peak["waiting"] = max(peak["waiting"], waiting)
+            peak["at_gpu"] = max(peak["at_gpu"], running + waiting)
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -171,8 +171,10 @@ def test_two_workers_share_the_port_and_never_exceed_a_gpus_slots(
     assert len(texts) == 36 and all(texts)  # none lost
     counts = [served(zone, 0), served(zone, 1)]
     assert sum(counts) == 36 and min(counts) > 0, counts  # both served, each its own
-    # Each worker holds 2 of the 4 slots: the GPU never ran more, nor had to queue.
-    assert 0 < peak["running"] <= SLOTS and peak["waiting"] == 0, peak
+    # Each worker holds 2 of the 4 slots: the GPU never held more requests than its slots.
+    # (A request that arrives mid-step waits for the step's end even beside a free slot,
+    # as in vLLM, so "waiting" alone can read 1 while fewer than 4 run: one scrape's sum.)
+    assert 0 < peak["running"] and peak["at_gpu"] <= SLOTS, peak
 
     # Each worker's zone summary counts the GPU's slots whole; combined: the zone's 4.
     r = redis.Redis.from_url(redis_server.url)

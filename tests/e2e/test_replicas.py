@@ -268,8 +268,10 @@ async def test_quotas_hold_across_global_replicas(
     elapsed = time.monotonic() - started
     ok = [r for r in results if r is None]
     refused = [r for r in results if r is not None]
-    # One bucket in Redis for both replicas: its burst plus what refilled meanwhile.
-    assert 1 <= len(ok) <= NARROW_RPS + NARROW_RPS * elapsed + 1, (len(ok), elapsed)
+    # One bucket in Redis for both replicas: its burst plus what refilled meanwhile. (A
+    # replica whose Redis call timed out counts in process at the whole limit: say so.)
+    fell_back = {host: outages(tier) for host, tier in fleet.edges.items()}
+    assert 1 <= len(ok) <= NARROW_RPS + NARROW_RPS * elapsed + 1, (len(ok), elapsed, fell_back)
     for err in refused:
         assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, err.details()
         trailers = dict(err.trailing_metadata() or ())
@@ -291,6 +293,12 @@ async def test_quotas_hold_across_global_replicas(
         client.close()
     assert len(mine) == len(ok)
     assert len({r.request_id for r in mine}) == len(ok)
+
+
+def outages(tier: TierServer) -> int:
+    """Times this edge's quotas fell back to counting in process."""
+    quotas = tier.admission.shared if tier.admission is not None else None
+    return quotas.outages if quotas is not None else 0
 
 
 def refused_at(tier: TierServer) -> int:

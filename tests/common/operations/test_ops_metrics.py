@@ -139,9 +139,12 @@ async def test_a_streamed_request_has_time_to_first_token_and_per_output_token(
     _, ttft = histogram(text, "meridian_time_to_first_token_seconds")
     tpot_count, tpot = histogram(text, "meridian_time_per_output_token_seconds")
     assert count == tpot_count == 1
-    assert FIRST_S <= ttft < FIRST_S + GAP_S  # the first token, not the whole answer
+    # The first token, not the whole answer: the tokens after it took (TOKENS - 1) × GAP_S
+    # at least. Bounds on differences, as the test's loop may stall (a busy machine) and
+    # delay the first token's arrival by as much as the margin here (half of that).
+    assert FIRST_S <= ttft <= latency - (TOKENS - 1) * GAP_S / 2
     assert latency >= FIRST_S + (TOKENS - 1) * GAP_S
-    assert GAP_S * 0.8 <= tpot < GAP_S * 3
+    assert GAP_S / 2 <= tpot < GAP_S * 3
     generated = [v for n, _, v in parse(text) if n == "meridian_generation_tokens_total"]
     assert generated == [TOKENS]
 

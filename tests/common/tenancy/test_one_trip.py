@@ -14,11 +14,11 @@ import grpc
 import pytest
 import redis
 
-from common.basics.redis_embed import EmbeddedRedis
+from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.access import AuthConfig, TenantConfig
 from common.request.routing import RouteHints
 from common.tenancy.admission import Admission, edge_admission
-from common.tenancy.quota_scripts import ADMIT
+from common.tenancy.quota_scripts import ADMIT, GCRA, SETTLE
 from tests.common.tenancy.test_admission import edge_hints, key_of, pick, refusal, tenant
 
 Edge = Callable[[TenantConfig], tuple[Admission, RouteHints]]
@@ -40,14 +40,19 @@ async def edge(own_redis: EmbeddedRedis) -> AsyncIterator[Edge]:
             await admission.stop()
 
 
-def scripts_run(url: str) -> int:
-    """EVALSHA and EVAL calls the server has answered so far."""
+def commands_run(url: str, *commands: str) -> dict[str, int]:
+    """Calls of each command the server has answered so far."""
     client = redis.Redis.from_url(url)
     try:
         stats = client.info("commandstats")
     finally:
         client.close()
-    return sum(int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in ("evalsha", "eval"))
+    return {cmd: int(stats.get(f"cmdstat_{cmd}", {}).get("calls", 0)) for cmd in commands}
+
+
+def scripts_run(url: str) -> int:
+    """EVALSHA and EVAL calls the server has answered so far."""
+    return sum(commands_run(url, "evalsha", "eval").values())
 
 
 def in_redis(url: str, *commands: tuple[str, ...]) -> list[object]:
@@ -69,6 +74,40 @@ async def test_a_request_under_both_quotas_costs_one_script(
         await admission.admit(hints, pick())
     assert scripts_run(own_redis.url) - before == 10
     assert admission.concurrency is not None and admission.concurrency.in_flight(who.id) == 10
+
+
+async def test_a_started_edge_has_its_scripts_in_redis_before_the_first_request(
+    edge: Edge, own_redis: EmbeddedRedis
+) -> None:
+    who = tenant(max_concurrent=50, requests_per_s=1000)
+    admission, hints = edge(who)
+    in_redis(own_redis.url, ("SCRIPT", "FLUSH"))
+    await admission.start()
+    loaded = in_redis(own_redis.url, ("SCRIPT", "EXISTS", ADMIT.sha, GCRA.sha, SETTLE.sha))
+    assert loaded == [[1, 1, 1]]
+    before = commands_run(own_redis.url, "evalsha", "eval")
+    await admission.admit(hints, pick())
+    after = commands_run(own_redis.url, "evalsha", "eval")
+    # One EVALSHA, answered: no NOSCRIPT and EVAL on the request's time.
+    assert (after["evalsha"] - before["evalsha"], after["eval"] - before["eval"]) == (1, 0)
+
+
+async def test_an_edge_starts_while_redis_is_down_and_counts_in_redis_once_it_is_up(
+    own_redis: EmbeddedRedis,
+) -> None:
+    port = free_port("127.0.0.1")
+    who = tenant(requests_per_s=1000)
+    admission = edge_admission(
+        AuthConfig(enabled=True, tenants=(who,)), f"redis://127.0.0.1:{port}/0"
+    )
+    hints = admission.identify(key_of(who), edge_hints(key_of(who)))
+    try:
+        await admission.start()  # nothing listens: starts all the same, not marked down
+        assert admission.shared is not None and not admission.shared.degraded
+        await admission.admit(hints, pick())  # the first call finds Redis down
+        assert admission.shared.degraded and admission.shared.outages == 1
+    finally:
+        await admission.stop()
 
 
 async def test_a_request_over_its_rate_never_puts_a_lease_in_redis(
