@@ -29,6 +29,7 @@ import yaml
 
 from bench.data_plane_load import descendants
 from cli.readiness import tier_ready
+from common.basics.processes import stop_process
 from common.basics.redis_embed import free_port
 from common.config.identity import GLOBAL, Identity, regional
 from common.config.pki import FleetCA
@@ -111,13 +112,7 @@ class Proc:
     def stop(self) -> None:
         self.terminate()
         process, self.process = self.process, None
-        if process is None:
-            return
-        try:
-            process.wait(10)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop_process(process, sig=None)  # signalled above (and its input closed)
 
 
 def wait_until(what: str, proc: Proc, ready: Any, timeout_s: float = 30.0) -> None:
