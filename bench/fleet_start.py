@@ -1,8 +1,8 @@
 """How long a fleet takes to start and to stop, with and without compiled bytecode.
 
 Every process ``meridian up`` launches (a GPU worker per zone, a local tier per zone, a
-regional tier per region, the global tier) spends about a second of CPU importing its
-code. ``cli.launcher.Fleet.start`` launches them all at once, each layer behind a gate
+regional tier per region, the global tier) first imports its code.
+``cli.launcher.Fleet.start`` launches them all at once, each layer behind a gate
 opened when the layer below serves, so the imports overlap; ``Fleet.stop`` stops a layer
 at a time, top down. And ``make up`` / ``make test`` compile the project's modules first,
 since an environment with ``PYTHONDONTWRITEBYTECODE=1`` (this one) never writes them and
@@ -10,11 +10,12 @@ every process would compile every module it imports again.
 
 Each round starts a fleet as ``meridian up`` does (mutual TLS, the demo fleet's settings
 cut to a shape), times ``start()`` until every tier serves and ``stop()`` until every
-process exited, and reads the CPU its processes used (``RUSAGE_CHILDREN``, once they are
-reaped). Two ways to find the code, in the same run:
+process exited, and reads the CPU its processes and its embedded Redis used
+(``RUSAGE_CHILDREN``, once they are reaped). Two ways to find the code, in the same run:
 
 - *bytecode*: the children read ``.pyc`` files ``compileall`` wrote into a cache
-  directory of the bench's own (``PYTHONPYCACHEPREFIX``);
+  directory of the bench's own (``PYTHONPYCACHEPREFIX``): the project's packages, as
+  ``make`` compiles them, and the dependencies';
 - *source*: a cache directory with the dependencies' and the interpreter's bytecode
   only (as an installed Python has them), and ``PYTHONDONTWRITEBYTECODE=1``: each child
   compiles the project's modules it imports, as every process did before ``make``
@@ -58,6 +59,8 @@ SERVING_MODULES = (
     "sim.worker",
 )
 # (regions, GPUs per zone), one zone per region.
+# The packages a fleet's processes run (the Makefile compiles bench and tests too).
+PROJECT_PACKAGES = ("cli", "common", "global_lb", "local_lb", "regional_lb", "sim")
 SHAPES = {"1 region, 1 zone, 4 GPUs": (1, 4), "2 regions, 1 zone each, 2 GPUs": (2, 2)}
 CODE = ("bytecode", "source")
 
@@ -93,30 +96,41 @@ def code_from(cache: Path) -> Iterator[None]:
                 os.environ[key] = value
 
 
-def imported_files() -> list[Path]:
-    """The source of every module a fleet's processes import (found by importing each
-    tier's serving module in a child with nothing else loaded)."""
-    serving = " ".join(f"import {m};" for m in SERVING_MODULES)
+def dependency_files() -> list[Path]:
+    """The source of every module outside the project a fleet's processes import: a
+    child imports each tier's serving module and builds the command line's parser (as
+    every ``meridian`` process does, importing what its subcommands need)."""
+    imports = " ".join(f"import {m};" for m in SERVING_MODULES)
     listing = (
-        "import sys; "
+        "import sys; from cli.parser import build_parser; build_parser(); "
         "print('\\n'.join(getattr(m, '__file__', None) or '' for m in list(sys.modules.values())))"
     )
     out = subprocess.run(
-        [sys.executable, "-c", serving + listing],
+        [sys.executable, "-c", imports + listing],
         cwd=ROOT, capture_output=True, text=True, check=True,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
     ).stdout  # fmt: skip
-    return sorted({Path(f) for f in out.split() if f.endswith(".py")})
+    ours = {ROOT / package for package in PROJECT_PACKAGES}
+    return sorted(
+        path
+        for path in {Path(f) for f in out.split() if f.endswith(".py")}
+        if not any(path.is_relative_to(package) for package in ours)
+    )
+
+
+def project_files() -> list[Path]:
+    """What ``make`` compiles of the code a fleet runs (the Makefile's ``BYTECODE``)."""
+    return sorted(p for package in PROJECT_PACKAGES for p in (ROOT / package).rglob("*.py"))
 
 
 def compile_into(cache: Path, files: list[Path]) -> None:
     """``files`` compiled into ``cache``, where a child with ``code_from(cache)`` looks."""
-    sys.pycache_prefix = str(cache)
+    before, sys.pycache_prefix = sys.pycache_prefix, str(cache)
     try:
         for path in files:
             compileall.compile_file(path, quiet=2)
     finally:
-        sys.pycache_prefix = None
+        sys.pycache_prefix = before
 
 
 def children_cpu_s() -> float:
@@ -151,12 +165,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="fleet-start-") as tmp:
         work = Path(tmp)
         caches = {"bytecode": work / "pyc", "source": work / "deps-only"}
-        files = imported_files()
-        ours = [f for f in files if f.is_relative_to(ROOT) and ".venv" not in f.parts]
         # Both find the interpreter's and the dependencies' bytecode (an installed
         # Python has it); only "bytecode" has the project's.
-        compile_into(caches["bytecode"], files)
-        compile_into(caches["source"], [f for f in files if f not in set(ours)])
+        dependencies = dependency_files()
+        compile_into(caches["bytecode"], dependencies + project_files())
+        compile_into(caches["source"], dependencies)
         fleets = {shape: fleet_file(work, *dims) for shape, dims in SHAPES.items()}
         rows = [(shape, code) for shape in SHAPES for code in CODE]
         for n in range(args.rounds):
@@ -196,9 +209,9 @@ def report(result: dict[str, Any]) -> str:
         f"{result['machine']['python']}, {result['rounds']} rounds (medians), load average "
         f"at the end {result['load_average'][0]:.1f}. *bytecode*: the children read compiled "
         "modules (what `make up` / `make test` prepare); *source*: they compile every module "
-        "they import. *CPU*: all the fleet's processes, start to exit.",
+        "they import. *CPU*: all the fleet's processes and its embedded Redis, start to exit.",
         "",
-        "| fleet | processes | code | start s | stop s | CPU s | start ÷ source's |",
+        "| fleet | processes (+ Redis) | code | start s | stop s | CPU s | start ÷ source's |",
         "|---|---:|---|---:|---:|---:|---:|",
     ]
     for shape, by_code in result["medians"].items():

@@ -78,7 +78,7 @@ class TierProcess:
 
     def send_signal(self, sig: int = signal.SIGTERM) -> None:
         """Send ``sig`` if it still runs, without waiting (``stop`` waits)."""
-        if self.process is not None and self.alive():
+        if self.process is not None and self.process.poll() is None:
             self.process.send_signal(sig)
 
     def stop(self, sig: int | None = signal.SIGTERM, timeout_s: float = 10.0) -> None:

@@ -76,11 +76,10 @@ async def test_a_tenant_over_its_rate_is_429_with_retry_after(chain: Chain) -> N
         )
         refused = [r for r in plain if isinstance(r, openai.RateLimitError)]
         assert refused, "the request-rate limit never applied"
-        assert all(
-            isinstance(r, openai.RateLimitError) or not isinstance(r, Exception) for r in plain
-        )
+        served = [r for r in plain if not isinstance(r, BaseException)]
+        assert len(served) + len(refused) == 6, plain  # nothing failed any other way
         # Refused before any event: a stream gets the status too, not an SSE error. Four at
-        # once on a bucket just found empty: at most one per 0.5 s refills.
+        # once against a burst of 2: at least one is refused unless they arrive > 0.5 s apart.
         streams = await asyncio.gather(
             *(completion(client, stream=True) for _ in range(4)), return_exceptions=True
         )

@@ -18,7 +18,7 @@ from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.access import AuthConfig, TenantConfig
 from common.request.routing import RouteHints
 from common.tenancy.admission import Admission, edge_admission
-from common.tenancy.quota_scripts import ADMIT, GCRA, SETTLE
+from common.tenancy.quota_scripts import ADMIT, GCRA, SETTLE, SYNC
 from tests.common.tenancy.test_admission import edge_hints, key_of, pick, refusal, tenant
 
 Edge = Callable[[TenantConfig], tuple[Admission, RouteHints]]
@@ -83,8 +83,8 @@ async def test_a_started_edge_has_its_scripts_in_redis_before_the_first_request(
     admission, hints = edge(who)
     in_redis(own_redis.url, ("SCRIPT", "FLUSH"))
     await admission.start()
-    loaded = in_redis(own_redis.url, ("SCRIPT", "EXISTS", ADMIT.sha, GCRA.sha, SETTLE.sha))
-    assert loaded == [[1, 1, 1]]
+    shas = [script.sha for script in (ADMIT, GCRA, SETTLE, SYNC)]
+    assert in_redis(own_redis.url, ("SCRIPT", "EXISTS", *shas)) == [[1, 1, 1, 1]]
     before = commands_run(own_redis.url, "evalsha", "eval")
     await admission.admit(hints, pick())
     after = commands_run(own_redis.url, "evalsha", "eval")
@@ -92,19 +92,16 @@ async def test_a_started_edge_has_its_scripts_in_redis_before_the_first_request(
     assert (after["evalsha"] - before["evalsha"], after["eval"] - before["eval"]) == (1, 0)
 
 
-async def test_an_edge_starts_while_redis_is_down_and_counts_in_redis_once_it_is_up(
-    own_redis: EmbeddedRedis,
-) -> None:
+async def test_an_edge_starts_while_redis_is_down_and_its_first_request_finds_it_down() -> None:
     port = free_port("127.0.0.1")
     who = tenant(requests_per_s=1000)
-    admission = edge_admission(
-        AuthConfig(enabled=True, tenants=(who,)), f"redis://127.0.0.1:{port}/0"
-    )
+    url = f"redis://127.0.0.1:{port}/0"
+    admission = edge_admission(AuthConfig(enabled=True, tenants=(who,)), url)
     hints = admission.identify(key_of(who), edge_hints(key_of(who)))
     try:
         await admission.start()  # nothing listens: starts all the same, not marked down
         assert admission.shared is not None and not admission.shared.degraded
-        await admission.admit(hints, pick())  # the first call finds Redis down
+        await admission.admit(hints, pick())  # admitted in process: Redis is found down
         assert admission.shared.degraded and admission.shared.outages == 1
     finally:
         await admission.stop()
