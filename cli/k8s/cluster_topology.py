@@ -8,7 +8,8 @@ its own Service (``gpus.ExternalGpu``), except one dialled with TLS, which keeps
 its address: its certificate names that host. Redis: a loopback URL becomes the
 ``meridian-redis`` Service (and, per region, ``meridian-redis-REGION``), which
 the operator provides (``README``: Deploying). TLS files are the pod's mounted
-ones (``TLS_DIR``).
+ones (``TLS_DIR``). ``global.replicas`` is the most edges the autoscaler may run,
+so their quota shares while Redis is down add up to at most each limit.
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ def cluster_topology(raw: dict[str, Any], plan: Plan, options: RenderOptions) ->
     out = copy.deepcopy(raw)
     by_key = {i.key: i for i in plan.instances}
     _tier_entry(out["global"], by_key["global"], options)
+    # Its autoscaler may run this many edges: each one's quota share while Redis is down.
+    out["global"]["replicas"] = options.max_replicas
     for i, region in enumerate(out["regions"]):
         _tier_entry(region, by_key[f"regions[{i}]"], options)
         for j, zone in enumerate(region["zones"]):

@@ -38,6 +38,7 @@ from common.config.node import (
     require_positive,
     require_unique,
 )
+from common.config.openai_edge import OpenAIEdgeConfig, parse_openai_edge
 
 
 @dataclass(frozen=True)
@@ -80,19 +81,6 @@ class RegionConfig:
         return frozenset(m for zone in self.zones for m in zone.models)
 
 
-# How long an OpenAI HTTP request may run (its callers send no deadline).
-DEFAULT_OPENAI_TIMEOUT_S = 600.0
-
-
-@dataclass(frozen=True)
-class OpenAIEdgeConfig:
-    """The global tier's OpenAI-compatible HTTP (``common.request.openai_http``)."""
-
-    endpoint: Endpoint
-    # A request still running after this is cancelled and answered 504.
-    timeout_s: float = DEFAULT_OPENAI_TIMEOUT_S
-
-
 @dataclass(frozen=True)
 class GlobalConfig:
     """The global tier: the client-facing endpoint."""
@@ -105,6 +93,10 @@ class GlobalConfig:
     ops: Endpoint | None = None
     # OpenAI-compatible HTTP (``openai_listen``, ``openai_timeout_s``); None: not served.
     openai: OpenAIEdgeConfig | None = None
+    # Global replicas sharing the tenant quotas: while Redis is down each limits in
+    # process at 1/replicas of every limit (× its own --workers), so together they stay
+    # near it. An autoscaled edge: its most replicas.
+    replicas: int = 1
 
 
 DEFAULT_TENANT_HEADROOM = 0.7
@@ -288,27 +280,19 @@ def _check_tls_names(topology: Topology) -> None:
 
 def _global(glob: ConfigNode) -> GlobalConfig:
     listen = parse_endpoint(glob.get("listen"), glob.key_path("listen"))
+    replicas = glob.get("replicas", 1, kind=int)
+    if replicas < 1:
+        raise ConfigError(f"{glob.key_path('replicas')}: must be >= 1, got {replicas}")
     global_tier = GlobalConfig(
         endpoint=listen,
         address=parse_address(glob, listen),
         location=_location(glob, "location"),
         ops=_ops(glob),
-        openai=_openai(glob),
+        openai=parse_openai_edge(glob),
+        replicas=replicas,
     )
     glob.done()
     return global_tier
-
-
-def _openai(glob: ConfigNode) -> OpenAIEdgeConfig | None:
-    """``openai_listen`` (absent: no OpenAI HTTP) and its ``openai_timeout_s``."""
-    text = glob.get("openai_listen", None)
-    timeout = glob.get("openai_timeout_s", DEFAULT_OPENAI_TIMEOUT_S, kind=float)
-    require_positive(glob, "openai_timeout_s", timeout)
-    if text is None:
-        if "openai_timeout_s" in glob.raw:
-            raise ConfigError(f"{glob.key_path('openai_timeout_s')}: set without openai_listen")
-        return None
-    return OpenAIEdgeConfig(parse_endpoint(text, glob.key_path("openai_listen")), timeout)
 
 
 def _region(rnode: ConfigNode) -> RegionConfig:

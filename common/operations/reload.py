@@ -138,4 +138,6 @@ def unapplied_settings(old: Topology, new: Topology, tier: str, name: str) -> li
     # local tier's choice does not depend on it (the regional tier's does, and applies it).
     if tier != "local" and before.location != after.location:
         out.append("own location (restart to apply)")
+    if tier == "global" and old.global_tier.replicas != new.global_tier.replicas:
+        out.append("global.replicas (restart to apply)")
     return out

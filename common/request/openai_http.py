@@ -38,7 +38,7 @@ from aiohttp import web
 from common.basics.errors import RouteError
 from common.config.access import Limits
 from common.config.node import Endpoint
-from common.config.topology import OpenAIEdgeConfig
+from common.config.openai_edge import OpenAIEdgeConfig
 from common.request.call import CallInterceptor
 from common.request.openai_call import CallAborted, HttpCallContext, call_metadata
 from common.request.openai_json import (

@@ -208,6 +208,10 @@ def test_replicas_budgets_and_autoscalers() -> None:
     pdbs = _by_kind(rendered, "PodDisruptionBudget")
     assert set(pdbs) == set(deployments)
     assert hpas["meridian-global"]["spec"]["minReplicas"] >= 2
+    # The edges' quota shares while Redis is down add up to each limit at most.
+    config = _by_kind(rendered, "ConfigMap")["meridian-topology"]["data"]["topology.yaml"]
+    edges = yaml.safe_load(config)["global"]["replicas"]
+    assert edges == hpas["meridian-global"]["spec"]["maxReplicas"]
     assert "replicas" not in deployments["meridian-global"]["spec"]  # the HPA owns it
     assert hpas["meridian-regional-eu-west"]["spec"]["minReplicas"] == 2
     locals_ = [n for n in deployments if n.startswith("meridian-local-")]

@@ -164,6 +164,17 @@ def test_usage_replicas_ack_default_and_bounds() -> None:
             topology_from_mapping(raw)
 
 
+def test_global_replicas_default_and_bounds() -> None:
+    assert topology_from_mapping(demo()).global_tier.replicas == 1
+    raw = demo()
+    raw["global"]["replicas"] = 3
+    assert topology_from_mapping(raw).global_tier.replicas == 3
+    for bad, message in ((0, "must be >= 1, got 0"), (1.5, "expected int, got 1.5")):
+        raw["global"]["replicas"] = bad
+        with pytest.raises(ConfigError, match=rf"^global\.replicas: {message}"):
+            topology_from_mapping(raw)
+
+
 def test_rtt_matrix_and_failback_window() -> None:
     raw = demo()
     raw["rtt_ms"] = {"eu-west": {"us-east": 70, "ap-southeast": 160.5}}

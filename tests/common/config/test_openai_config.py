@@ -6,7 +6,8 @@ import pytest
 
 from cli.launcher import resolve_ports
 from common.config.node import ConfigError, Endpoint
-from common.config.topology import DEFAULT_OPENAI_TIMEOUT_S, topology_from_mapping
+from common.config.openai_edge import DEFAULT_OPENAI_TIMEOUT_S
+from common.config.topology import topology_from_mapping
 from tests.common.config.test_config import demo
 
 

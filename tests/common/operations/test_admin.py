@@ -234,6 +234,11 @@ def test_unapplied_settings_name_what_a_running_tier_leaves_alone() -> None:
             "regions[r].redis_url (restart to apply)"
         ]
     assert unapplied_settings(old, own_redis, "global", "global") == []
+    edges = dataclasses.replace(old, global_tier=dataclasses.replace(old.global_tier, replicas=3))
+    assert unapplied_settings(old, edges, "global", "global") == [
+        "global.replicas (restart to apply)"
+    ]
+    assert unapplied_settings(old, edges, "regional", "r") == []  # only the edge reads it
 
 
 def test_own_location_is_not_applied_at_the_global_and_regional_tiers() -> None:

@@ -1,0 +1,33 @@
+"""The global tier's OpenAI-compatible HTTP endpoint: ``openai_listen`` and
+``openai_timeout_s`` in the topology's ``global`` section (served by
+``common.request.openai_http``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from common.config.node import ConfigError, ConfigNode, Endpoint, parse_endpoint, require_positive
+
+# How long an OpenAI HTTP request may run (its callers send no deadline).
+DEFAULT_OPENAI_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class OpenAIEdgeConfig:
+    """The global tier's OpenAI-compatible HTTP (``common.request.openai_http``)."""
+
+    endpoint: Endpoint
+    # A request still running after this is cancelled and answered 504.
+    timeout_s: float = DEFAULT_OPENAI_TIMEOUT_S
+
+
+def parse_openai_edge(glob: ConfigNode) -> OpenAIEdgeConfig | None:
+    """``openai_listen`` (absent: no OpenAI HTTP) and its ``openai_timeout_s``."""
+    text = glob.get("openai_listen", None)
+    timeout = glob.get("openai_timeout_s", DEFAULT_OPENAI_TIMEOUT_S, kind=float)
+    require_positive(glob, "openai_timeout_s", timeout)
+    if text is None:
+        if "openai_timeout_s" in glob.raw:
+            raise ConfigError(f"{glob.key_path('openai_timeout_s')}: set without openai_listen")
+        return None
+    return OpenAIEdgeConfig(parse_endpoint(text, glob.key_path("openai_listen")), timeout)
