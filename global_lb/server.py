@@ -76,16 +76,12 @@ def region_picker(topology: Topology, rng: random.Random | None = None) -> Regio
 
 
 def build_global_tier(
-    topology: Topology,
-    *,
-    reload_from: Callable[[], Topology] | None = None,
-    telemetry: Telemetry | None = None,
-    replicas: int = 1,
+    topology: Topology, *, reload_from: Callable[[], Topology] | None = None,
+    telemetry: Telemetry | None = None, replicas: int = 1,
 ) -> TierServer:
     """The global tier as described by ``topology``; ``reload_from`` re-reads the topology
     for the Admin API's ReloadTopology; ``telemetry`` replaces the OTel environment's;
-    ``replicas``: this replica's processes (``--workers``); with ``global.replicas``, how
-    many share the quotas (each one's share while Redis is down)."""
+    ``replicas``: its processes (``--workers``), times ``global.replicas`` sharing quotas."""
     tls = tier_tls(topology, GLOBAL)  # its own certificate, presented to the regions
     regions = tier_children(topology, region_children(topology), "region", tls=tls)
     streams = {region_stream(r.name): r.name for r in topology.regions}
@@ -112,9 +108,7 @@ def build_global_tier(
         reader=reader,
         tls=tls,
         admission=edge_admission(
-            topology.auth,
-            tenants_redis,
-            replicas * topology.global_tier.replicas,
+            topology.auth, tenants_redis, replicas * topology.global_tier.replicas,
             topology.usage_replicas_ack,
         ),
         limits=topology.limits,
