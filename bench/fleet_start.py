@@ -208,8 +208,9 @@ def report(result: dict[str, Any]) -> str:
         f"{result['when']}, {result['machine']['cpus']} cores, Python "
         f"{result['machine']['python']}, {result['rounds']} rounds (medians), load average "
         f"at the end {result['load_average'][0]:.1f}. *bytecode*: the children read compiled "
-        "modules (what `make up` / `make test` prepare); *source*: they compile every module "
-        "they import. *CPU*: all the fleet's processes and its embedded Redis, start to exit.",
+        "modules (what `make up` / `make test` prepare); *source*: they compile the project's "
+        "modules they import (the dependencies' bytecode is there in both). *CPU*: all the "
+        "fleet's processes and its embedded Redis, start to exit.",
         "",
         "| fleet | processes (+ Redis) | code | start s | stop s | CPU s | start ÷ source's |",
         "|---|---:|---|---:|---:|---:|---:|",
