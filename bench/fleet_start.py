@@ -48,19 +48,14 @@ from typing import Any
 import yaml
 
 from cli.launcher import DEMO_FLEET, Fleet
+from cli.main import SERVING_MODULES
+from sim.native import PACKAGES as PROJECT_PACKAGES  # the packages a fleet runs
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = Path(__file__).parent / "results"
-SERVING_MODULES = (
-    "cli.main",
-    "global_lb.server",
-    "regional_lb.server",
-    "local_lb.server",
-    "sim.worker",
-)
+# What a fleet's processes import: the command line, then each one's serving module.
+IMPORTED_MODULES = ("cli.main", *SERVING_MODULES.values())
 # (regions, GPUs per zone), one zone per region.
-# The packages a fleet's processes run (the Makefile compiles bench and tests too).
-PROJECT_PACKAGES = ("cli", "common", "global_lb", "local_lb", "regional_lb", "sim")
 SHAPES = {"1 region, 1 zone, 4 GPUs": (1, 4), "2 regions, 1 zone each, 2 GPUs": (2, 2)}
 CODE = ("bytecode", "source")
 
@@ -100,7 +95,7 @@ def dependency_files() -> list[Path]:
     """The source of every module outside the project a fleet's processes import: a
     child imports each tier's serving module and builds the command line's parser (as
     every ``meridian`` process does, importing what its subcommands need)."""
-    imports = " ".join(f"import {m};" for m in SERVING_MODULES)
+    imports = " ".join(f"import {m};" for m in IMPORTED_MODULES)
     listing = (
         "import sys; from cli.parser import build_parser; build_parser(); "
         "print('\\n'.join(getattr(m, '__file__', None) or '' for m in list(sys.modules.values())))"

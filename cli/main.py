@@ -229,7 +229,7 @@ def _run_keygen(args: argparse.Namespace) -> None:
 
 
 # What each process a Fleet launches imports before its start gate.
-_SERVING_MODULES = {
+SERVING_MODULES = {
     "global": "global_lb.server",
     "regional": "regional_lb.server",
     "local": "local_lb.server",
@@ -243,9 +243,9 @@ def _through_start_gate(command: str) -> None:
     from cli.processes import START_GATE_ENV
 
     gate = os.environ.pop(START_GATE_ENV, None)
-    if gate is None or command not in _SERVING_MODULES:
+    if gate is None or command not in SERVING_MODULES:
         return
-    importlib.import_module(_SERVING_MODULES[command])
+    importlib.import_module(SERVING_MODULES[command])
     while os.read(int(gate), 1):  # end of file: the gate is open
         pass
     os.close(int(gate))
