@@ -75,6 +75,11 @@ def region_picker(topology: Topology, rng: random.Random | None = None) -> Regio
     )
 
 
+def global_policy(topology: Topology) -> ForwardingPolicy:
+    """How the global tier forwards to regions (the fleet simulator forwards by it too)."""
+    return ForwardingPolicy(kind="region", per_try=topology.liveness.per_try_timeout)
+
+
 def build_global_tier(
     topology: Topology, *, reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None, replicas: int = 1,
@@ -101,7 +106,7 @@ def build_global_tier(
     tenants_redis = redis_url_for(topology, RedisKeys.TENANTS)  # quotas, leases, usage
     tier = TierServer(
         TierSpec(tier="global", trust_internal=False, resolve_origin=origin),
-        ForwardingPolicy(kind="region", per_try=topology.liveness.per_try_timeout),
+        global_policy(topology),
         regions,
         RankingBalancer(picker, regions),
         topology.global_tier.endpoint,

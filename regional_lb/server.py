@@ -97,6 +97,13 @@ def zone_picker(
     )
 
 
+def regional_policy(topology: Topology, region: str) -> ForwardingPolicy:
+    """How a regional tier forwards to its zones (the fleet simulator forwards by it too)."""
+    return ForwardingPolicy(
+        kind="zone", route_prefix=region, per_try=topology.liveness.per_try_timeout
+    )
+
+
 def build_regional_tier(
     topology: Topology, region: str, *, reload_from: Callable[[], Topology] | None = None,
     telemetry: Telemetry | None = None, publish: bool = True,
@@ -137,9 +144,7 @@ def build_regional_tier(
 
     return TierServer(
         TierSpec(tier="regional", trust_internal=True, resolve_origin=origin),
-        ForwardingPolicy(
-            kind="zone", route_prefix=region, per_try=topology.liveness.per_try_timeout
-        ),
+        regional_policy(topology, region),
         zones,
         RankingBalancer(picker, zones),
         region_cfg.endpoint,

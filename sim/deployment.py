@@ -7,12 +7,14 @@ per region a zone ``ChildSet``, a ``RankingBalancer`` over its zone picker and
 a publisher of ``regional_lb.server.region_summary``; per zone the local tier's
 ``LocalBalancer`` from ``local_lb.server.local_balancer`` (picker, central
 queue, tenant headroom, ejection, readiness), a publisher of
-``local_lb.server.zone_summary``, and one ``SimGpu`` per GPU. Every clock is
-the simulated loop's. What replaces I/O: summaries reach the parent's
-``take_summary`` after a propagation delay (``sim.publishing``); the local
-tier's metrics scrape reads each ``SimGpu`` on the health interval; a tier that
-is down answers UNAVAILABLE at once, and the parent's probe marks it healthy
-again once it is back (the servers' health watch and probe loop).
+``local_lb.server.zone_summary``, and one ``SimGpu`` per GPU. Each tier process
+forwards by the policy its server builds, with a retry budget of its own
+(``SimForwarding``). Every clock is the simulated loop's. What replaces I/O:
+summaries reach the parent's ``take_summary`` after a propagation delay
+(``sim.publishing``); the local tier's metrics scrape reads each ``SimGpu`` on
+the health interval; a tier that is down answers UNAVAILABLE at once, and the
+parent's probe marks it healthy again once it is back (the servers' health
+watch and probe loop).
 
 The request path through these parts is ``sim.flow``.
 """
@@ -29,14 +31,16 @@ from typing import Protocol
 from common.config.topology import RegionConfig, Topology, ZoneConfig
 from common.request.balancer import RankingBalancer
 from common.request.children import Child, ChildSet
+from common.request.forwarding import ForwardingPolicy
 from common.request.health import GpuCheck
 from common.request.pick import Picker
-from global_lb.server import region_children
+from common.request.resilience import RetryBudget
+from global_lb.server import global_policy, region_children
 from local_lb.balancer import LocalBalancer
 from local_lb.load_book import LoadSample
 from local_lb.publication import LateBoundCallback
-from local_lb.server import local_balancer, local_view, zone_gpus, zone_summary
-from regional_lb.server import region_summary, zone_children
+from local_lb.server import local_balancer, local_policy, local_view, zone_gpus, zone_summary
+from regional_lb.server import region_summary, regional_policy, zone_children
 from sim.gpu_model import SimGpu
 from sim.publishing import SimPublisher, every
 
@@ -67,6 +71,16 @@ class SimSettings:
 
 
 @dataclass(eq=False)
+class SimForwarding:
+    """How one tier process forwards to its children: the policy its server builds
+    (failover codes, attempts, per-try timeout) and the retry budget its forwarder
+    keeps (one per process, at the servers' default settings)."""
+
+    policy: ForwardingPolicy
+    budget: RetryBudget = field(default_factory=RetryBudget)
+
+
+@dataclass(eq=False)
 class SimZone:
     """One local tier and its GPUs."""
 
@@ -75,6 +89,7 @@ class SimZone:
     balancer: LocalBalancer
     gpus: dict[str, SimGpu]
     publisher: SimPublisher
+    forwarding: SimForwarding
     up: bool = True
 
     def __post_init__(self) -> None:
@@ -93,6 +108,7 @@ class SimRegion:
     balancer: RankingBalancer
     local: dict[str, SimZone]
     publisher: SimPublisher
+    forwarding: SimForwarding
     up: bool = True
 
 
@@ -119,6 +135,7 @@ class SimDeployment:
         self.global_balancer = RankingBalancer(
             self.policies.region_picker(topo, self._rng()), self.regions
         )
+        self.global_forwarding = SimForwarding(global_policy(topo))
         self.by_region = {r.name: self._region(r) for r in topo.regions}
         self.zones = {z.cfg.name: z for r in self.by_region.values() for z in r.local.values()}
         self.zones_by_gpu = {name: z for z in self.zones.values() for name in z.gpus}
@@ -150,7 +167,8 @@ class SimDeployment:
         )
         zones.add_listener(publisher.poke)  # as the tier server wires it
         local = {z.name: self._zone(cfg.name, z, zones) for z in cfg.zones}
-        return SimRegion(cfg, zones, balancer, local, publisher)
+        forwarding = SimForwarding(regional_policy(topo, cfg.name))
+        return SimRegion(cfg, zones, balancer, local, publisher, forwarding)
 
     def _zone(self, region: str, cfg: ZoneConfig, parent: ChildSet) -> SimZone:
         topo = self.topology
@@ -193,7 +211,8 @@ class SimDeployment:
         poke.connect(publisher.poke)
         children.add_listener(publisher.poke)
         gpus = {g.name: SimGpu(g, self.loop, time_scale=topo.time_scale) for g in cfg.gpus}
-        return SimZone(region, cfg, balancer, gpus, publisher)
+        forwarding = SimForwarding(local_policy(topo, cfg.name))
+        return SimZone(region, cfg, balancer, gpus, publisher, forwarding)
 
     # ------------------------------------------------------------------ lifecycle
 

@@ -3,19 +3,23 @@
 At each tier the request is placed as the tier's proxy places it: the tier's
 balancer reserves a child (``acquire``), the child answers, and the balancer
 learns from the ``Outcome`` (``release``) — with the capacity hint the child's
-tier puts on every answer, and at the GPU with the engine's load trailer. A
-failure with one of the tier's failover codes (``UPPER_TIER_FAILOVER`` above the
-local tier, ``LOCAL_FORWARDING_CODES`` at it) is retried on the next child after
-Envoy's jittered back-off, at most ``max_attempts`` times per tier, as
-``common.request.forwarding.Forwarder`` does. Each attempt has the tier's per-try
-timeout (``common.request.per_try.within_per_try``, the limit from the lease's
-expected service time, as the forwarder computes it): when it passes, the
-attempt below is cancelled — the GPU drops the job (``SimGpu.cancel``) — and
-the request fails over with DEADLINE_EXCEEDED. It fires on GPUs that are merely
-slower than the local tier's estimate, not only on hung ones. The retry budget
-is left out (it binds only when many retries run at once). Network time is not
-simulated as waiting: the request's RTT to the region that serves it is added
-to the latencies it reports, which is all it changes for a unary request.
+tier puts on every answer, and at the GPU with the engine's load trailer. Each
+tier forwards by the ``ForwardingPolicy`` its server builds
+(``sim.deployment.SimForwarding``), as ``common.request.forwarding.Forwarder``
+does: a failure with one of the policy's failover codes is retried on the next
+child after Envoy's jittered back-off, at most ``max_attempts`` times; a retry
+back to a live child needs room in the tier's retry budget (one per tier
+process, as each server's forwarder keeps one); when no attempt is left the
+tier answers what ``Attempts.error`` makes of its failures (RESOURCE_EXHAUSTED
+when every child shed load, else UNAVAILABLE), which the tier above fails over
+on in turn. Each attempt has the policy's per-try timeout
+(``common.request.per_try.within_per_try``, the limit from the lease's expected
+service time, as the forwarder computes it): when it passes, the attempt below
+is cancelled — the GPU drops the job (``SimGpu.cancel``) — and the request fails
+over with DEADLINE_EXCEEDED. It fires on GPUs that are merely slower than the
+local tier's estimate, not only on hung ones. Network time is not simulated as
+waiting: the request's RTT to the region that serves it is added to the
+latencies it reports, which is all it changes for a unary request.
 """
 
 from __future__ import annotations
@@ -31,18 +35,16 @@ import grpc
 from common.basics.backoff import backoff_delay_s
 from common.basics.errors import RouteError
 from common.basics.geo import GeoPoint, rtt_estimate_ms
-from common.request.balancer import Balancer, Lease, Outcome
-from common.request.forwarding import UPPER_TIER_FAILOVER
+from common.request.balancer import Balancer, Outcome
+from common.request.forwarding import Attempts, Failover, ForwardingPolicy
 from common.request.per_try import PerTryExpired, within_per_try
 from common.request.pick import PickRequest
 from common.request.prefix import MAX_CARRIED_BLOCKS
 from local_lb.load_book import LOAD_TRAILER
-from local_lb.server import LOCAL_FORWARDING_CODES
-from sim.deployment import SimDeployment, SimRegion, SimZone
+from sim.deployment import SimDeployment, SimForwarding, SimRegion, SimZone
 from sim.gpu_model import GpuFailed, GpuRefused, SimGpu, SimJob
 from sim.requests import SimRequest
 
-MAX_ATTEMPTS = 3
 OK = grpc.StatusCode.OK
 Trailers = tuple[tuple[str, str], ...]
 
@@ -92,17 +94,14 @@ def _never_committed() -> bool:
 class _TierError(Exception):
     """A tier's answer other than OK, with the trailers it carried."""
 
-    def __init__(
-        self,
-        code: grpc.StatusCode,
-        detail: str,
-        trailers: Trailers = (),
-        *,
-        timed_out: bool = False,
-    ) -> None:
+    def __init__(self, code: grpc.StatusCode, detail: str, trailers: Trailers = ()) -> None:
         super().__init__(detail)
         self.code, self.detail, self.trailers = code, detail, trailers
-        self.timed_out = timed_out  # a per-try timeout: fails over whatever the code
+
+
+def _failed(err: RouteError) -> _TierError:
+    """A tier's own refusal, as its answer to the tier above."""
+    return _TierError(err.code, err.message, tuple(err.trailers))
 
 
 class RequestFlow:
@@ -121,7 +120,6 @@ class RequestFlow:
         self.rng = random.Random(deployment.rng.getrandbits(64))
         self._rtt = rtt_ms
         self._locations = {r.name: r.location for r in deployment.topology.regions}
-        self._per_try = deployment.topology.liveness.per_try_timeout
         self._home: dict[str, str] = {}
 
     def rtt_to(self, origin: GeoPoint, region: str) -> float:
@@ -151,8 +149,13 @@ class RequestFlow:
         home = self.home_region(req)
         served = _Served(req.prefix_blocks)
         try:
+            deployment = self.deployment
             region = await self._over(
-                self.deployment.global_balancer, pick, served, self._in_region, UPPER_TIER_FAILOVER
+                deployment.global_balancer,
+                deployment.global_forwarding,
+                pick,
+                served,
+                self._in_region,
             )
         except _TierError as err:
             self.recorder.failed(
@@ -182,73 +185,96 @@ class RequestFlow:
     async def _over(
         self,
         balancer: Balancer,
+        forwarding: SimForwarding,
         pick: PickRequest,
         served: _Served,
         below: Below,
-        failover: frozenset[grpc.StatusCode],
     ) -> str:
-        """One tier's forwarding loop: acquire, call ``below``, release, fail over."""
-        tried: list[str] = []
-        error: _TierError | None = None
+        """One tier's forwarding loop, as ``Forwarder.forward`` runs it: acquire, call
+        ``below``, release; fail over on the policy's codes, a retry to a live child
+        inside the budget; when none is left, the error ``Attempts.error`` makes."""
+        policy, budget = forwarding.policy, forwarding.budget
+        attempts = Attempts()
+        budget.request_started()
         try:
-            for attempt in range(MAX_ATTEMPTS):
-                if attempt:
-                    await asyncio.sleep(backoff_delay_s(attempt, self.rng))
+            while True:
+                if attempts.failures:
+                    if len(attempts.tried) >= policy.max_attempts:
+                        raise _failed(attempts.error(policy.kind, pick.model))
+                    if not attempts.failures[-1].child_down:
+                        if not budget.try_start_retry():
+                            raise _failed(attempts.error(policy.kind, pick.model))
+                        attempts.holding_retry = True
                 try:
-                    lease = await balancer.acquire(pick, tried, None)
-                except RouteError as err:
-                    if error is not None and err.code == grpc.StatusCode.UNAVAILABLE:
-                        raise error from None  # nothing else to try: the last failure stands
-                    raise _TierError(err.code, err.message, tuple(err.trailers)) from None
-                tried.append(lease.child.name)
-                started = self.loop.time()
-                try:
-                    trailers = await self._attempt(balancer, lease, started, pick, served, below)
-                except _TierError as err:
-                    if err.code not in failover and not err.timed_out:
-                        raise
-                    error = err
-                    continue
-                balancer.release(lease, Outcome(OK, self.loop.time() - started, trailers=trailers))
-                return lease.child.name
-            assert error is not None
-            raise error
+                    name = await self._attempt(balancer, policy, attempts, pick, served, below)
+                finally:
+                    if attempts.holding_retry:
+                        attempts.holding_retry = False
+                        budget.retry_finished()
+                if name:
+                    return name
         finally:
-            # A failure's traceback holds this frame: kept in it once the coroutine is
-            # over, the two make a cycle that only the cyclic GC would free.
-            error = None
+            budget.request_finished()
 
     async def _attempt(
         self,
         balancer: Balancer,
-        lease: Lease,
-        started: float,
+        policy: ForwardingPolicy,
+        attempts: Attempts,
         pick: PickRequest,
         served: _Served,
         below: Below,
-    ) -> Trailers:
-        """One attempt under the tier's per-try timeout; a failure releases the lease and
-        raises ``_TierError`` (a per-try expiry as DEADLINE_EXCEEDED, ``timed_out``)."""
-        limit = self._per_try.limit_s(lease.expected_s, lease.work)
+    ) -> str:
+        """One attempt (after its back-off when it is not the first) under the tier's
+        per-try timeout: the child that answered OK, or "" when the request fails over
+        (the failure kept in ``attempts``). A failure that does not fail over raises
+        ``_TierError``; every lease is released."""
+        if attempts.tried:
+            await asyncio.sleep(backoff_delay_s(len(attempts.tried), self.rng))
         try:
-            return await within_per_try(
+            lease = await balancer.acquire(pick, attempts.tried, None)
+        except RouteError as err:
+            if attempts.tried and err.code == grpc.StatusCode.UNAVAILABLE:
+                raise _failed(attempts.error(policy.kind, pick.model)) from None
+            raise _failed(err) from None
+        attempts.tried.append(lease.child.name)
+        started = self.loop.time()
+        limit = policy.per_try.limit_s(lease.expected_s, lease.work)
+        try:
+            trailers = await within_per_try(
                 below(lease.child.name, pick, served), _never_committed, limit
             )
         except PerTryExpired as exc:
             # Cancelled below (the GPU dropped the job): a failover, whatever the codes.
             code, detail = grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
-            elapsed = self.loop.time() - started
-            balancer.release(lease, Outcome(code, elapsed, detail=detail, timed_out=True))
-            raise _TierError(code, detail, timed_out=True) from None
+            outcome = Outcome(code, self.loop.time() - started, detail=detail, timed_out=True)
+            balancer.release(lease, outcome)
+            attempts.failures.append(
+                Failover(lease.child.name, code, detail, (), child_down=not lease.child.healthy)
+            )
+            return ""
         except asyncio.CancelledError:  # a per-try timeout above gave up on this attempt
-            elapsed = self.loop.time() - started
-            balancer.release(lease, Outcome(grpc.StatusCode.CANCELLED, elapsed))
+            balancer.release(lease, Outcome(grpc.StatusCode.CANCELLED, self.loop.time() - started))
             raise
         except _TierError as err:
             elapsed = self.loop.time() - started
-            outcome = Outcome(err.code, elapsed, trailers=err.trailers, detail=err.detail)
-            balancer.release(lease, outcome)
-            raise
+            balancer.release(
+                lease, Outcome(err.code, elapsed, trailers=err.trailers, detail=err.detail)
+            )
+            if err.code not in policy.failover_codes:
+                raise
+            attempts.failures.append(
+                Failover(
+                    lease.child.name,
+                    err.code,
+                    err.detail,
+                    err.trailers,
+                    child_down=not lease.child.healthy,
+                )
+            )
+            return ""
+        balancer.release(lease, Outcome(OK, self.loop.time() - started, trailers=trailers))
+        return lease.child.name
 
     async def _in_region(self, name: str, pick: PickRequest, served: _Served) -> Trailers:
         region: SimRegion = self.deployment.by_region[name]
@@ -258,11 +284,12 @@ class RequestFlow:
         # it on their trailers: read before forwarding, it would be a request's whole
         # latency old (seconds under load) and steer the parent by a stale picture.
         try:
-            await self._over(region.balancer, pick, served, self._in_zone, UPPER_TIER_FAILOVER)
+            await self._over(region.balancer, region.forwarding, pick, served, self._in_zone)
         except _TierError as err:
-            raise _TierError(
-                err.code, err.detail, region.publisher.hint_trailers(pick.model)
-            ) from None
+            # A tier lost meanwhile answers nothing: its parent sees the connection go
+            # (no hint) and marks it down, so failing over from it is no retry.
+            hint = region.publisher.hint_trailers(pick.model) if region.up else ()
+            raise _TierError(err.code, err.detail, hint) from None
         return region.publisher.hint_trailers(pick.model)
 
     async def _in_zone(self, name: str, pick: PickRequest, served: _Served) -> Trailers:
@@ -270,11 +297,10 @@ class RequestFlow:
         if not zone.up:
             raise _TierError(grpc.StatusCode.UNAVAILABLE, f"zone {name} is down")
         try:
-            gpu = await self._over(
-                zone.balancer, pick, served, self._on_gpu, LOCAL_FORWARDING_CODES
-            )
+            gpu = await self._over(zone.balancer, zone.forwarding, pick, served, self._on_gpu)
         except _TierError as err:
-            hint = zone.publisher.hint_trailers(pick.model)  # at answer time, as above
+            # At answer time, as above; none from a zone lost meanwhile.
+            hint = zone.publisher.hint_trailers(pick.model) if zone.up else ()
             raise _TierError(err.code, err.detail, hint) from None
         served.zone, served.gpu = name, gpu
         return zone.publisher.hint_trailers(pick.model)

@@ -279,3 +279,71 @@ def test_a_request_that_fails_over_leaves_nothing_for_the_cyclic_gc() -> None:
     assert kept.ok[0]["attempts"] == 2 and kept.ok[0]["region"] == "east"  # the per-try expiry
     assert kept.ok[1]["attempts"] >= 2 and kept.ok[1]["region"] == "west"  # the GPU that died
     assert request_leftovers(left) == []
+
+
+def test_a_retry_waits_for_the_tiers_retry_budget() -> None:
+    """The per-try expiry above, with the zone tier's retry budget taken (its floor of 3
+    retries in flight held by others): the zone does not retry and answers UNAVAILABLE
+    (``Attempts.error``: its one failure was no load shedding), which the region fails
+    over on, to the other zone, as the servers' forwarders do. Each budget is back to
+    what others hold once the request is over."""
+
+    async def main() -> tuple[Recorder, SimDeployment]:
+        loop = asyncio.get_running_loop()
+        deployment = SimDeployment(fleet(2), Meridian(), loop)
+        recorder = Recorder()
+        flow = RequestFlow(deployment, recorder)
+        deployment.start()
+        zone = deployment.zones["east-0"]
+        slow = max(zone.gpus.values(), key=lambda g: g.speed)
+        slow.set_speed(slow.speed / 50)
+        while zone.forwarding.budget.try_start_retry():
+            pass
+        await asyncio.sleep(1.0)
+        await flow.serve(SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100))
+        deployment.stop()
+        return recorder, deployment
+
+    kept, deployment = run_simulated(main())
+    assert not kept.lost and len(kept.ok) == 1
+    served = kept.ok[0]
+    assert served["attempts"] == 2 and served["region"] == "east"
+    assert served["zone"] == "east-1"  # east-0 refused to retry: the region failed over
+    zone_budget = deployment.zones["east-0"].forwarding.budget
+    region_budget = deployment.by_region["east"].forwarding.budget
+    assert zone_budget.active_retries == 3  # the three held before, none leaked
+    assert region_budget.active_retries == 0  # the region's retry was let go
+    budgets = [deployment.global_forwarding.budget, region_budget, zone_budget]
+    assert [b.active_requests for b in budgets] == [0, 0, 0]
+
+
+def test_failing_over_from_a_zone_lost_under_a_request_needs_no_retry_budget() -> None:
+    """A zone lost while a request runs on one of its GPUs answers nothing (no capacity
+    hint), so its region marks it down at once and moves the request on without a retry
+    (``Failover.child_down``): the region's budget, held in full by others, does not
+    stop it, as a server's forwarder lets a failover from a dead child through."""
+
+    async def main() -> tuple[Recorder, str, bool]:
+        loop = asyncio.get_running_loop()
+        deployment = SimDeployment(fleet(2), Meridian(), loop)
+        recorder = Recorder()
+        flow = RequestFlow(deployment, recorder)
+        deployment.start()
+        region = deployment.by_region["east"]
+        while region.forwarding.budget.try_start_retry():
+            pass
+        await asyncio.sleep(1.0)
+        req = SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 400)
+        task = loop.create_task(flow.serve(req))
+        await asyncio.sleep(0.2)
+        (lost,) = [z for z in region.local.values() if any(g.running for g in z.gpus.values())]
+        _lose(deployment, lost.cfg.name)
+        await task
+        marked_down = not region.zones.by_name[lost.cfg.name].healthy
+        deployment.stop()
+        return recorder, lost.cfg.name, marked_down
+
+    kept, lost, marked_down = run_simulated(main())
+    assert not kept.lost and len(kept.ok) == 1
+    assert kept.ok[0]["region"] == "east" and kept.ok[0]["zone"] != lost
+    assert marked_down
