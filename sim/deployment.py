@@ -74,7 +74,9 @@ class SimSettings:
 class SimForwarding:
     """How one tier process forwards to its children: the policy its server builds
     (failover codes, attempts, per-try timeout) and the retry budget its forwarder
-    keeps (one per process, at the servers' default settings)."""
+    keeps (one per process, at the servers' default settings). The simulator runs one
+    process per tier instance: a deployment of N global replicas or ``--workers`` N
+    has N budgets, each with its floor of 3 retries, where this has one."""
 
     policy: ForwardingPolicy
     budget: RetryBudget = field(default_factory=RetryBudget)

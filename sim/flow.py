@@ -35,14 +35,15 @@ import grpc
 from common.basics.backoff import backoff_delay_s
 from common.basics.errors import RouteError
 from common.basics.geo import GeoPoint, rtt_estimate_ms
-from common.request.balancer import Balancer, Outcome
-from common.request.forwarding import Attempts, Failover, ForwardingPolicy
+from common.request.balancer import Balancer, Lease, Outcome
+from common.request.forwarding import Attempts, Failover, ForwardingPolicy, passable
 from common.request.per_try import PerTryExpired, within_per_try
 from common.request.pick import PickRequest
 from common.request.prefix import MAX_CARRIED_BLOCKS
 from local_lb.load_book import LOAD_TRAILER
 from sim.deployment import SimDeployment, SimForwarding, SimRegion, SimZone
 from sim.gpu_model import GpuFailed, GpuRefused, SimGpu, SimJob
+from sim.publishing import SimPublisher
 from sim.requests import SimRequest
 
 OK = grpc.StatusCode.OK
@@ -99,9 +100,23 @@ class _TierError(Exception):
         self.code, self.detail, self.trailers = code, detail, trailers
 
 
-def _failed(err: RouteError) -> _TierError:
+def _answer(err: RouteError) -> _TierError:
     """A tier's own refusal, as its answer to the tier above."""
     return _TierError(err.code, err.message, tuple(err.trailers))
+
+
+def _answer_up(
+    err: _TierError, up: bool, tier: str, publisher: SimPublisher, pick: PickRequest
+) -> _TierError:
+    """What the tier above hears of a failure below this tier, as a server answers: the
+    child's trailers less its capacity hint (``passable``: a retry-after stays), and this
+    tier's newest hint. From a tier lost meanwhile, UNAVAILABLE and no trailers: its parent
+    sees only the connection go, so it marks the tier down at once (no retry budget)."""
+    if not up:
+        return _TierError(grpc.StatusCode.UNAVAILABLE, f"{tier} was lost")
+    return _TierError(
+        err.code, err.detail, (*passable(err.trailers), *publisher.hint_trailers(pick.model))
+    )
 
 
 class RequestFlow:
@@ -200,10 +215,10 @@ class RequestFlow:
             while True:
                 if attempts.failures:
                     if len(attempts.tried) >= policy.max_attempts:
-                        raise _failed(attempts.error(policy.kind, pick.model))
+                        raise _answer(attempts.error(policy.kind, pick.model))
                     if not attempts.failures[-1].child_down:
                         if not budget.try_start_retry():
-                            raise _failed(attempts.error(policy.kind, pick.model))
+                            raise _answer(attempts.error(policy.kind, pick.model))
                         attempts.holding_retry = True
                 try:
                     name = await self._attempt(balancer, policy, attempts, pick, served, below)
@@ -211,7 +226,7 @@ class RequestFlow:
                     if attempts.holding_retry:
                         attempts.holding_retry = False
                         budget.retry_finished()
-                if name:
+                if name is not None:
                     return name
         finally:
             budget.request_finished()
@@ -224,9 +239,9 @@ class RequestFlow:
         pick: PickRequest,
         served: _Served,
         below: Below,
-    ) -> str:
+    ) -> str | None:
         """One attempt (after its back-off when it is not the first) under the tier's
-        per-try timeout: the child that answered OK, or "" when the request fails over
+        per-try timeout: the child that answered OK, or None when the request fails over
         (the failure kept in ``attempts``). A failure that does not fail over raises
         ``_TierError``; every lease is released."""
         if attempts.tried:
@@ -235,8 +250,8 @@ class RequestFlow:
             lease = await balancer.acquire(pick, attempts.tried, None)
         except RouteError as err:
             if attempts.tried and err.code == grpc.StatusCode.UNAVAILABLE:
-                raise _failed(attempts.error(policy.kind, pick.model)) from None
-            raise _failed(err) from None
+                raise _answer(attempts.error(policy.kind, pick.model)) from None
+            raise _answer(err) from None
         attempts.tried.append(lease.child.name)
         started = self.loop.time()
         limit = policy.per_try.limit_s(lease.expected_s, lease.work)
@@ -246,35 +261,43 @@ class RequestFlow:
             )
         except PerTryExpired as exc:
             # Cancelled below (the GPU dropped the job): a failover, whatever the codes.
-            code, detail = grpc.StatusCode.DEADLINE_EXCEEDED, str(exc)
-            outcome = Outcome(code, self.loop.time() - started, detail=detail, timed_out=True)
-            balancer.release(lease, outcome)
-            attempts.failures.append(
-                Failover(lease.child.name, code, detail, (), child_down=not lease.child.healthy)
-            )
-            return ""
+            failure = _TierError(grpc.StatusCode.DEADLINE_EXCEEDED, str(exc))
+            self._fail_over(balancer, lease, started, attempts, failure, timed_out=True)
+            return None
         except asyncio.CancelledError:  # a per-try timeout above gave up on this attempt
             balancer.release(lease, Outcome(grpc.StatusCode.CANCELLED, self.loop.time() - started))
             raise
         except _TierError as err:
+            if err.code in policy.failover_codes:
+                self._fail_over(balancer, lease, started, attempts, err)
+                return None
             elapsed = self.loop.time() - started
-            balancer.release(
-                lease, Outcome(err.code, elapsed, trailers=err.trailers, detail=err.detail)
-            )
-            if err.code not in policy.failover_codes:
-                raise
-            attempts.failures.append(
-                Failover(
-                    lease.child.name,
-                    err.code,
-                    err.detail,
-                    err.trailers,
-                    child_down=not lease.child.healthy,
-                )
-            )
-            return ""
+            outcome = Outcome(err.code, elapsed, trailers=err.trailers, detail=err.detail)
+            balancer.release(lease, outcome)
+            raise
         balancer.release(lease, Outcome(OK, self.loop.time() - started, trailers=trailers))
         return lease.child.name
+
+    def _fail_over(
+        self,
+        balancer: Balancer,
+        lease: Lease,
+        started: float,
+        attempts: Attempts,
+        failure: _TierError,
+        *,
+        timed_out: bool = False,
+    ) -> None:
+        """Settle an attempt that fails over (``Forwarder._expired``, ``_failed``): the
+        lease released, then the failure kept with whether that left the child down."""
+        code, detail, trailers = failure.code, failure.detail, failure.trailers
+        elapsed = self.loop.time() - started
+        outcome = Outcome(code, elapsed, trailers=trailers, detail=detail, timed_out=timed_out)
+        balancer.release(lease, outcome)
+        down = not lease.child.healthy
+        attempts.failures.append(
+            Failover(lease.child.name, code, detail, trailers, child_down=down)
+        )
 
     async def _in_region(self, name: str, pick: PickRequest, served: _Served) -> Trailers:
         region: SimRegion = self.deployment.by_region[name]
@@ -286,10 +309,7 @@ class RequestFlow:
         try:
             await self._over(region.balancer, region.forwarding, pick, served, self._in_zone)
         except _TierError as err:
-            # A tier lost meanwhile answers nothing: its parent sees the connection go
-            # (no hint) and marks it down, so failing over from it is no retry.
-            hint = region.publisher.hint_trailers(pick.model) if region.up else ()
-            raise _TierError(err.code, err.detail, hint) from None
+            raise _answer_up(err, region.up, f"region {name}", region.publisher, pick) from None
         return region.publisher.hint_trailers(pick.model)
 
     async def _in_zone(self, name: str, pick: PickRequest, served: _Served) -> Trailers:
@@ -299,9 +319,7 @@ class RequestFlow:
         try:
             gpu = await self._over(zone.balancer, zone.forwarding, pick, served, self._on_gpu)
         except _TierError as err:
-            # At answer time, as above; none from a zone lost meanwhile.
-            hint = zone.publisher.hint_trailers(pick.model) if zone.up else ()
-            raise _TierError(err.code, err.detail, hint) from None
+            raise _answer_up(err, zone.up, f"zone {name}", zone.publisher, pick) from None
         served.zone, served.gpu = name, gpu
         return zone.publisher.hint_trailers(pick.model)
 

@@ -18,6 +18,7 @@ from common.basics.geo import GeoPoint
 from common.config.topology import Topology, topology_from_mapping
 from global_lb.server import region_picker
 from local_lb.policies import POLICIES
+from local_lb.server import local_policy
 from regional_lb.server import zone_picker
 from sim.clock import run_simulated
 from sim.deployment import SimDeployment
@@ -288,7 +289,7 @@ def test_a_retry_waits_for_the_tiers_retry_budget() -> None:
     over on, to the other zone, as the servers' forwarders do. Each budget is back to
     what others hold once the request is over."""
 
-    async def main() -> tuple[Recorder, SimDeployment]:
+    async def main() -> tuple[Recorder, SimDeployment, list[object]]:
         loop = asyncio.get_running_loop()
         deployment = SimDeployment(fleet(2), Meridian(), loop)
         recorder = Recorder()
@@ -300,21 +301,24 @@ def test_a_retry_waits_for_the_tiers_retry_budget() -> None:
         while zone.forwarding.budget.try_start_retry():
             pass
         await asyncio.sleep(1.0)
+        free_unreachable()  # what setting up left behind
         await flow.serve(SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100))
+        left = unreachable_now()
         deployment.stop()
-        return recorder, deployment
+        return recorder, deployment, left
 
-    kept, deployment = run_simulated(main())
+    kept, deployment, left = run_simulated(main())
     assert not kept.lost and len(kept.ok) == 1
     served = kept.ok[0]
     assert served["attempts"] == 2 and served["region"] == "east"
     assert served["zone"] == "east-1"  # east-0 refused to retry: the region failed over
     zone_budget = deployment.zones["east-0"].forwarding.budget
     region_budget = deployment.by_region["east"].forwarding.budget
-    assert zone_budget.active_retries == 3  # the three held before, none leaked
+    assert zone_budget.active_retries == 3  # the three held before, none let go twice
     assert region_budget.active_retries == 0  # the region's retry was let go
     budgets = [deployment.global_forwarding.budget, region_budget, zone_budget]
     assert [b.active_requests for b in budgets] == [0, 0, 0]
+    assert request_leftovers(left) == []  # the refusal's error made no cycle
 
 
 def test_failing_over_from_a_zone_lost_under_a_request_needs_no_retry_budget() -> None:
@@ -323,7 +327,7 @@ def test_failing_over_from_a_zone_lost_under_a_request_needs_no_retry_budget() -
     (``Failover.child_down``): the region's budget, held in full by others, does not
     stop it, as a server's forwarder lets a failover from a dead child through."""
 
-    async def main() -> tuple[Recorder, str, bool]:
+    async def main() -> tuple[Recorder, SimDeployment, str]:
         loop = asyncio.get_running_loop()
         deployment = SimDeployment(fleet(2), Meridian(), loop)
         recorder = Recorder()
@@ -339,11 +343,44 @@ def test_failing_over_from_a_zone_lost_under_a_request_needs_no_retry_budget() -
         (lost,) = [z for z in region.local.values() if any(g.running for g in z.gpus.values())]
         _lose(deployment, lost.cfg.name)
         await task
-        marked_down = not region.zones.by_name[lost.cfg.name].healthy
         deployment.stop()
-        return recorder, lost.cfg.name, marked_down
+        return recorder, deployment, lost.cfg.name
 
-    kept, lost, marked_down = run_simulated(main())
+    kept, deployment, lost = run_simulated(main())
     assert not kept.lost and len(kept.ok) == 1
     assert kept.ok[0]["region"] == "east" and kept.ok[0]["zone"] != lost
-    assert marked_down
+    region_budget = deployment.by_region["east"].forwarding.budget
+    assert region_budget.active_retries == 3  # only the three held before: none taken
+    budgets = [deployment.global_forwarding.budget, region_budget]
+    budgets += [z.forwarding.budget for z in deployment.zones.values()]
+    assert [b.active_requests for b in budgets] == [0] * len(budgets)
+    assert all(z.forwarding.budget.active_retries == 0 for z in deployment.zones.values())
+
+
+def test_a_zone_out_of_attempts_answers_unavailable_and_its_region_fails_over() -> None:
+    """Both GPUs of the zone the request goes to run 50x slower than the tier thinks:
+    each attempt outlives its per-try limit, and once no GPU is left to try the zone
+    answers what ``Attempts.error`` makes of the expiries, UNAVAILABLE (not the last
+    expiry's DEADLINE_EXCEEDED, on which no tier fails over), so the region sends the
+    request to its other zone, as the servers' forwarders do."""
+
+    async def main() -> Recorder:
+        loop = asyncio.get_running_loop()
+        deployment = SimDeployment(fleet(2), Meridian(), loop)
+        recorder = Recorder()
+        flow = RequestFlow(deployment, recorder)
+        deployment.start()
+        for gpu in deployment.zones["east-0"].gpus.values():
+            gpu.set_speed(gpu.speed / 50)
+        await asyncio.sleep(1.0)
+        await flow.serve(SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100))
+        deployment.stop()
+        return recorder
+
+    kept = run_simulated(main())
+    assert not kept.lost and len(kept.ok) == 1
+    served = kept.ok[0]
+    assert served["region"] == "east" and served["zone"] == "east-1"
+    # Every attempt the zone's policy allows expired in east-0 (a GPU tried twice when
+    # both were), then east-1 served it.
+    assert served["attempts"] == local_policy(fleet(2), "east-0").max_attempts + 1
