@@ -135,6 +135,16 @@ def simulate(
     return run_simulated(main())
 
 
+def started(loop: asyncio.AbstractEventLoop) -> tuple[SimDeployment, Recorder, RequestFlow]:
+    """A started deployment of ``fleet(2)`` and a flow through it that records into a
+    ``Recorder``: what the single-request tests below drive."""
+    deployment = SimDeployment(fleet(2), Meridian(), loop)
+    recorder = Recorder()
+    flow = RequestFlow(deployment, recorder)
+    deployment.start()
+    return deployment, recorder, flow
+
+
 def _lose(deployment: SimDeployment, what: str) -> None:
     """Take a zone or a region down: its tiers stop answering and its GPUs die."""
     if what in deployment.by_region:
@@ -226,10 +236,7 @@ def test_a_per_try_timeout_moves_a_request_off_a_gpu_slower_than_the_tier_thinks
 
     async def main() -> tuple[Recorder, SimDeployment, float]:
         loop = asyncio.get_running_loop()
-        deployment = SimDeployment(fleet(2), Meridian(), loop)
-        recorder = Recorder()
-        flow = RequestFlow(deployment, recorder)
-        deployment.start()
+        deployment, recorder, flow = started(loop)
         zone = deployment.zones["east-0"]
         gpus = list(zone.gpus.values())
         # The GPU the tier ranks first for an idle zone: the fastest hardware class.
@@ -260,10 +267,7 @@ def test_a_request_that_fails_over_leaves_nothing_for_the_cyclic_gc() -> None:
 
     async def main() -> tuple[list[object], Recorder]:
         loop = asyncio.get_running_loop()
-        deployment = SimDeployment(fleet(2), Meridian(), loop)
-        recorder = Recorder()
-        flow = RequestFlow(deployment, recorder)
-        deployment.start()
+        deployment, recorder, flow = started(loop)
         slow = max(deployment.zones["east-0"].gpus.values(), key=lambda g: g.speed)
         slow.set_speed(slow.speed / 50)
         await asyncio.sleep(1.0)
@@ -291,10 +295,7 @@ def test_a_retry_waits_for_the_tiers_retry_budget() -> None:
 
     async def main() -> tuple[Recorder, SimDeployment, list[object]]:
         loop = asyncio.get_running_loop()
-        deployment = SimDeployment(fleet(2), Meridian(), loop)
-        recorder = Recorder()
-        flow = RequestFlow(deployment, recorder)
-        deployment.start()
+        deployment, recorder, flow = started(loop)
         zone = deployment.zones["east-0"]
         slow = max(zone.gpus.values(), key=lambda g: g.speed)
         slow.set_speed(slow.speed / 50)
@@ -329,10 +330,7 @@ def test_failing_over_from_a_zone_lost_under_a_request_needs_no_retry_budget() -
 
     async def main() -> tuple[Recorder, SimDeployment, str]:
         loop = asyncio.get_running_loop()
-        deployment = SimDeployment(fleet(2), Meridian(), loop)
-        recorder = Recorder()
-        flow = RequestFlow(deployment, recorder)
-        deployment.start()
+        deployment, recorder, flow = started(loop)
         region = deployment.by_region["east"]
         while region.forwarding.budget.try_start_retry():
             pass
@@ -366,10 +364,7 @@ def test_a_zone_out_of_attempts_answers_unavailable_and_its_region_fails_over() 
 
     async def main() -> Recorder:
         loop = asyncio.get_running_loop()
-        deployment = SimDeployment(fleet(2), Meridian(), loop)
-        recorder = Recorder()
-        flow = RequestFlow(deployment, recorder)
-        deployment.start()
+        deployment, recorder, flow = started(loop)
         for gpu in deployment.zones["east-0"].gpus.values():
             gpu.set_speed(gpu.speed / 50)
         await asyncio.sleep(1.0)
