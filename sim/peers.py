@@ -10,6 +10,11 @@ where the children are regions, only regions the tenant may be served in
 (``PickRequest.allowed_regions``, data residency: a legal constraint every
 peer keeps). The ranking is the chosen child first, then the failover order.
 
+Two region pickers stand for the two ways peers are fronted across regions:
+``NearestRegionPicker`` is geo-DNS (nearest region that is up, no spill on
+load) and ``SpillRegionPicker`` a cloud global load balancer that spills a
+region's overflow to the next-nearest one once the region is at its capacity.
+
 Each costs O(children) per pick (a handful of regions or zones), with no
 allocation beyond the ranking itself.
 """
@@ -26,6 +31,11 @@ from common.request.pick import PickRequest
 
 # Cached RTTs (origin, client region, child) before the cache is dropped and refilled.
 RTT_CACHE_LIMIT = 100_000
+
+# A spill picker's default threshold: the share of a region's reported concurrency slots
+# its own in-flight requests may fill before the region counts as full (GCP's default
+# target utilisation for a backend's balancing mode).
+SPILL_THRESHOLD = 0.8
 
 
 def may_route(
@@ -160,3 +170,65 @@ class LeastLoadedChildPicker:
             return [low[2], high[2], *(s[2] for s in rest)]
         scored.sort(key=lambda s: (s[0], s[1]))
         return [s[2] for s in scored]
+
+
+def spill_utilisation(child: Child, model: str, now: float, ttl_s: float) -> float:
+    """A global balancer's utilisation of ``child``: its own in-flight requests to it per
+    concurrency slot the child reports (``slot_load``; an in-flight balancing mode).
+
+    Unknown capacity (no fresh report, or no slots in it) reads as one slot, so a
+    region routed on health alone counts as full once one request is in flight.
+    Never the child's queues or the requests' lengths: a balancer does not see them.
+    """
+    return slot_load(child, model, now, ttl_s)
+
+
+@dataclass
+class SpillRegionPicker:
+    """A cloud global load balancer: waterfall by region, spilling on capacity.
+
+    The nearest region (RTT as ``NearestRegionPicker`` measures it) takes the
+    request while its utilisation (``spill_utilisation``: this balancer's
+    in-flight requests per slot the region reports) is under ``threshold``;
+    past it the next-nearest region under the threshold does, and so on — as
+    GCP's global external Application LB fills the nearest region up to its
+    balancing mode's capacity before the overflow goes on. The ranking is every
+    region under the threshold by RTT, then the regions at or over it least
+    utilised first (RTT breaks ties): when every region is full the balancer
+    spreads the overflow towards equal utilisation, as a capacity-scaled one
+    does, rather than piling it on the nearest. Only regions that may serve the
+    request and that the tenant may be served in are ranked.
+
+    Failure mode: the threshold is a fixed share of slots, blind to request
+    cost; a region full of long answers and one of short ones look alike, and
+    a region whose report is stale is all but skipped until it reports again.
+    Caches RTTs only (through its ``NearestRegionPicker``).
+    """
+
+    home: GeoPoint
+    summary_ttl_s: float
+    rtt_ms: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    threshold: float = SPILL_THRESHOLD
+    _nearest: NearestRegionPicker = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        if not self.threshold > 0:
+            raise ValueError(f"spill threshold must be positive, got {self.threshold}")
+        self._nearest = NearestRegionPicker(self.home, self.summary_ttl_s, self.rtt_ms)
+
+    def rank(self, request: PickRequest, children: Sequence[Child], now: float) -> list[Child]:
+        ttl = self.summary_ttl_s
+        rtt = self._nearest.rtt
+        under: list[tuple[float, Child]] = []
+        over: list[tuple[float, float, Child]] = []
+        for c in children:
+            if not may_route(c, request, now, ttl, True):
+                continue
+            used = spill_utilisation(c, request.model, now, ttl)
+            if used < self.threshold:
+                under.append((rtt(request, c), c))
+            else:
+                over.append((used, rtt(request, c), c))
+        under.sort(key=lambda s: s[0])
+        over.sort(key=lambda s: (s[0], s[1]))
+        return [*(s[1] for s in under), *(s[2] for s in over)]

@@ -8,18 +8,33 @@ policy (a key of ``local_lb.policies.POLICIES``). The deployment
 ``meridian`` is the servers' own: the same ``region_picker`` and
 ``zone_picker`` the servers build, and the local ``default`` policy.
 
-The peers are deployed as fleets deploy them: the product balances inside a
-region, and geo-DNS with health checks sits in front (the nearest region that
-is up, no spill on load: ``sim.peers.NearestRegionPicker``). Across a region's
-zones each keeps its own rule — least loaded by slots, or two random choices
-for the power-of-two and Envoy sets — and at the GPU tier its own policy.
-Only ``round_robin`` and ``random`` are applied at every tier, regions
-included (they stand for a fleet with no locality at all).
+Each peer GPU policy is deployed in the two stacks its users deploy it in,
+because what sits in front of the GPUs decides more than the GPU algorithm
+once some regions are offered more than they can serve:
 
-``oracle`` is not a set of pickers: the simulator serves it with
-``sim.oracle.Oracle`` (one central queue over the whole fleet); its entry is
-here so that every name the simulator accepts is known in one place, and
-its picker factories refuse to build anything.
+- geo-DNS (the plain name, e.g. ``nginx_least_conn``): DNS with health
+  checks sends each client to the nearest region that is up, with no spill on
+  load (``sim.peers.NearestRegionPicker``); across a region's zones each keeps
+  its own rule — least loaded by slots, or two random choices for the
+  power-of-two and Envoy sets. An overloaded region keeps all of its clients.
+- a cloud global load balancer (``<name>_spill``): the nearest region takes
+  traffic until this balancer's in-flight requests fill its threshold share of
+  the region's reported slots, then the next-nearest takes the overflow
+  (``sim.peers.SpillRegionPicker``, GCP's waterfall by region), and between a
+  region's zones least outstanding requests (``LeastLoadedChildPicker``), as
+  cloud balancers spread over zones.
+
+Both stacks run the same GPU policy; the pair separates the front (where the
+overload goes) from the GPU algorithm. Only ``round_robin`` and ``random`` are
+applied at every tier, regions included (they stand for a fleet with no
+locality at all).
+
+``greedy_clairvoyant`` is not a set of pickers: the simulator serves it with
+``sim.greedy.GreedyClairvoyant`` (one central queue over the whole fleet,
+placing each request greedily with knowledge no router has); its entry is here
+so that every name the simulator accepts is known in one place, and its picker
+factories refuse to build anything. It is a reference, not a bound: the bound is
+``sim.bound``.
 """
 
 from __future__ import annotations
@@ -34,17 +49,19 @@ from global_lb.server import region_picker
 from local_lb.policies import DEFAULT_POLICY
 from regional_lb.server import zone_picker
 from sim.peers import (
+    SPILL_THRESHOLD,
     LeastLoadedChildPicker,
     NearestRegionPicker,
     RandomChildPicker,
     RoundRobinChildPicker,
+    SpillRegionPicker,
 )
 
 RegionPickerFactory = Callable[[Topology, random.Random], Picker]
 ZonePickerFactory = Callable[[Topology, RegionConfig, random.Random], Picker]
 
 MERIDIAN = "meridian"
-ORACLE = "oracle"
+GREEDY = "greedy_clairvoyant"
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,13 @@ def nearest_region(topology: Topology, rng: random.Random) -> Picker:
     )
 
 
+def spill_region(topology: Topology, rng: random.Random) -> Picker:
+    """A cloud global load balancer in front of the peers: spills on capacity."""
+    return SpillRegionPicker(
+        topology.global_tier.location, topology.summary_ttl_s, rtt_ms=topology.rtt_ms
+    )
+
+
 def least_loaded_zone(topology: Topology, region: RegionConfig, rng: random.Random) -> Picker:
     return LeastLoadedChildPicker(rng, topology.summary_ttl_s)
 
@@ -73,16 +97,33 @@ def two_choices_zone(topology: Topology, region: RegionConfig, rng: random.Rando
     return LeastLoadedChildPicker(rng, topology.summary_ttl_s, p2c=True)
 
 
-def _oracle_region(topology: Topology, rng: random.Random) -> Picker:
-    raise ValueError("policy 'oracle' has no pickers: serve it with sim.oracle.Oracle")
+def _greedy_region(topology: Topology, rng: random.Random) -> Picker:
+    raise ValueError(
+        f"policy {GREEDY!r} has no pickers: serve it with sim.greedy.GreedyClairvoyant"
+    )
 
 
-def _oracle_zone(topology: Topology, region: RegionConfig, rng: random.Random) -> Picker:
-    raise ValueError("policy 'oracle' has no pickers: serve it with sim.oracle.Oracle")
+def _greedy_zone(topology: Topology, region: RegionConfig, rng: random.Random) -> Picker:
+    raise ValueError(
+        f"policy {GREEDY!r} has no pickers: serve it with sim.greedy.GreedyClairvoyant"
+    )
 
 
-def _behind_geo_dns(name: str, summary: str, zone: ZonePickerFactory, local: str) -> PolicySet:
-    return PolicySet(name, summary, nearest_region, zone, local)
+# The fronts, as the reports label them.
+GEO_DNS = "geo-DNS, nearest region, no spill on load"
+SPILL = f"global LB spilling past {SPILL_THRESHOLD:.0%} of a region's slots, least-request zones"
+
+
+def _stacks(
+    name: str, zone: ZonePickerFactory, zones: str, local: str, gpus: str
+) -> tuple[PolicySet, PolicySet]:
+    """A peer GPU policy ``local`` in both stacks: behind geo-DNS as ``name`` with its own
+    zone rule ``zone`` (described by ``zones``), behind a spilling global balancer with
+    least-request zones as ``<name>_spill``; ``gpus`` describes the GPU tier."""
+    return (
+        PolicySet(name, f"{GEO_DNS}; {zones}, {gpus}", nearest_region, zone, local),
+        PolicySet(f"{name}_spill", f"{SPILL}; {gpus}", spill_region, least_loaded_zone, local),
+    )
 
 
 _SETS = (
@@ -94,10 +135,11 @@ _SETS = (
         DEFAULT_POLICY,
     ),
     PolicySet(
-        ORACLE,
-        "oracle: one central queue over the fleet, perfect knowledge, least true completion",
-        _oracle_region,
-        _oracle_zone,
+        GREEDY,
+        "greedy clairvoyant: one central queue over the fleet, each request placed where its "
+        "own completion is least, knowing every true length and speed (not a bound)",
+        _greedy_region,
+        _greedy_zone,
         DEFAULT_POLICY,
     ),
     PolicySet(
@@ -114,41 +156,47 @@ _SETS = (
         lambda topology, region, rng: RandomChildPicker(rng, topology.summary_ttl_s),
         "random",
     ),
-    _behind_geo_dns(
+    *_stacks(
         "geo_least_conn",
-        "geo-DNS nearest region, least-loaded zone, least connections per GPU",
         least_loaded_zone,
+        "least-loaded zone",
         "least_connections",
+        "least connections per GPU",
     ),
-    _behind_geo_dns(
+    *_stacks(
         "power_of_two",
-        "geo-DNS nearest region, two random choices per zone and per GPU",
         two_choices_zone,
+        "two random choices per zone",
         "power_of_two",
+        "two random choices per GPU",
     ),
-    _behind_geo_dns(
+    *_stacks(
         "nginx_least_conn",
-        "geo-DNS nearest region, least-loaded zone, nginx least_conn with hardware weights",
         least_loaded_zone,
+        "least-loaded zone",
         "weighted_least_connections",
+        "nginx least_conn with hardware weights per GPU",
     ),
-    _behind_geo_dns(
+    *_stacks(
         "envoy_least_request",
-        "geo-DNS nearest region, two random choices per zone, Envoy LEAST_REQUEST per GPU",
         two_choices_zone,
+        "two random choices per zone",
         "envoy_least_request",
+        "Envoy LEAST_REQUEST per GPU",
     ),
-    _behind_geo_dns(
+    *_stacks(
         "sglang_cache_aware",
-        "geo-DNS nearest region, least-loaded zone, SGLang's cache-aware router per GPU",
         least_loaded_zone,
+        "least-loaded zone",
         "sglang_cache_aware",
+        "SGLang's cache-aware router per GPU",
     ),
-    _behind_geo_dns(
+    *_stacks(
         "inference_gateway",
-        "geo-DNS nearest region, least-loaded zone, inference gateway scorers (2/2/3) per GPU",
         least_loaded_zone,
+        "least-loaded zone",
         "inference_gateway",
+        "inference gateway scorers (2/2/3) per GPU",
     ),
 )
 
