@@ -70,7 +70,9 @@ class Shot:
             origin=SITE,
             tenant=NO_TENANT,
             prompt_tokens=self.prompt_tokens,
+            # The emulated engine decodes exactly max_tokens: its true length.
             output_tokens=self.max_tokens,
+            max_tokens=self.max_tokens,
             prefix_blocks=self.blocks,
             session=self.session,
         )

@@ -4,7 +4,7 @@
 at fleet scale (a million requests of a few hundred tokens each) that would be
 hundreds of millions of steps. ``SimGpu`` keeps the engine's rules exactly —
 a FIFO wait queue, admission while a concurrency slot is free and the head's
-``prompt + max_tokens`` KV reservation fits, one step decoding a token for every
+KV reservation fits, one step decoding a token for every
 running sequence and prefilling the uncached prompt of the ones admitted at
 its start (``sim.engine.step_cost_s``), the same ``PrefixCache`` — but computes
 when the next thing changes instead of stepping there: between two events the
@@ -17,6 +17,14 @@ segment (its start, its first step's cost with the prefill, and the regular
 step's cost). An arrival while the batch runs is admitted at the next step
 boundary, as the engine admits at the top of its loop. A change of speed
 (throttling) applies from the next segment.
+
+A request carries the client's cap (``max_tokens``: the GPU refuses one whose
+``prompt + max_tokens`` exceeds its KV cache, as vLLM refuses one longer than its
+context) and its true length (``output_tokens``), at which it stops. Admission
+reserves ``prompt + output_tokens``, the most KV the sequence will hold: an engine
+that allocates pages as it decodes (vLLM) needs that much by the end, and this
+model has no preemption. The true length stays inside the GPU: what it reports
+(``kv_cache_usage``) is the KV allocated so far, prompt plus tokens decoded.
 
 Utilisation is integrated as the GPU goes: ``busy_s`` (time spent stepping)
 and ``slot_s`` (running sequences × time).
@@ -55,6 +63,7 @@ class SimJob:
     block_hashes: Sequence[int]
     submitted_at: float
     done: asyncio.Future[None]
+    output_tokens: int = 0  # the true length: the job ends after this many tokens
     first_token_at: float = math.nan
     finished_at: float = math.nan
     cached_tokens: int = 0
@@ -62,7 +71,7 @@ class SimJob:
 
     @property
     def reservation(self) -> int:
-        return self.prompt_tokens + self.max_tokens
+        return self.prompt_tokens + self.output_tokens
 
 
 @dataclass
@@ -96,6 +105,9 @@ class SimGpu:
         self._heap: list[tuple[int, int, SimJob]] = []
         self._order = itertools.count()
         self._reserved = 0
+        # KV allocated so far over the running jobs: sum(prompt) + running × k - sum(start).
+        self._prompts_running = 0
+        self._starts_running = 0
         self._steps = 0  # step index of the last boundary processed
         # The running segment: when it began, at which step, its first and regular costs.
         self._seg_t = 0.0
@@ -114,7 +126,11 @@ class SimGpu:
 
     @property
     def kv_cache_usage(self) -> float:
-        return self._reserved / self.cfg.kv_cache_tokens
+        """KV allocated now (every running prompt and the tokens decoded so far), as a
+        share of the cache: what vLLM reports, blind to how long each answer will be."""
+        k = self._steps_done(self.loop.time())
+        allocated = self._prompts_running + len(self._heap) * k - self._starts_running
+        return allocated / self.cfg.kv_cache_tokens
 
     def remaining_tokens(self) -> list[int]:
         """Tokens each running sequence still has to decode (the oracle's true state)."""
@@ -127,8 +143,19 @@ class SimGpu:
 
     # ------------------------------------------------------------------ requests
 
-    def submit(self, prompt_tokens: int, max_tokens: int, block_hashes: Sequence[int]) -> SimJob:
-        """Queue a request; raises GpuFailed when down, GpuRefused when it cannot fit."""
+    def submit(
+        self,
+        prompt_tokens: int,
+        max_tokens: int,
+        block_hashes: Sequence[int],
+        output_tokens: int | None = None,
+    ) -> SimJob:
+        """Queue a request that stops after ``output_tokens`` (None: ``max_tokens``, a
+        client that asked for exactly its answer's length); raises GpuFailed when down,
+        GpuRefused when ``prompt + max_tokens`` cannot fit."""
+        output = max_tokens if output_tokens is None else output_tokens
+        if not 0 <= output <= max_tokens:
+            raise ValueError(f"output_tokens must be in [0, max_tokens={max_tokens}], got {output}")
         if not self.up:
             raise GpuFailed(f"GPU {self.name} is down")
         if prompt_tokens + max_tokens > self.cfg.kv_cache_tokens:
@@ -137,7 +164,9 @@ class SimGpu:
                 f"GPU {self.name} holds {self.cfg.kv_cache_tokens}"
             )
         now = self.loop.time()
-        job = SimJob(prompt_tokens, max_tokens, block_hashes, now, self.loop.create_future())
+        job = SimJob(
+            prompt_tokens, max_tokens, block_hashes, now, self.loop.create_future(), output
+        )
         head_blocked = bool(self.waiting)
         self.waiting.append(job)
         if not self._heap:
@@ -180,7 +209,7 @@ class SimGpu:
             self._account(now)
             self._heap.pop(at)
             heapq.heapify(self._heap)
-            self._reserved -= job.reservation
+            self._left(job)
             if k < self._timer_k:
                 self._arm(k, when)  # the batch changes from the next step
         if not job.done.done():
@@ -193,7 +222,7 @@ class SimGpu:
         jobs = [job for _, _, job in self._heap] + list(self.waiting)
         self._heap.clear()
         self.waiting.clear()
-        self._reserved = 0
+        self._reserved = self._prompts_running = self._starts_running = 0
         self._disarm()
         self.prefix_cache = PrefixCache(self.prefix_cache.capacity_blocks)
         for job in jobs:
@@ -267,7 +296,7 @@ class SimGpu:
         heap = self._heap
         while heap and heap[0][0] <= k:
             _, _, job = heapq.heappop(heap)
-            self._reserved -= job.reservation
+            self._left(job)
             job.finished_at = now
             if not job.done.done():
                 job.done.set_result(None)
@@ -288,7 +317,9 @@ class SimGpu:
         while self.waiting and self._fits(self.waiting[0]):
             job = self.waiting.popleft()
             self._reserved += job.reservation
-            job.end_step = k + job.max_tokens
+            self._prompts_running += job.prompt_tokens
+            self._starts_running += k
+            job.end_step = k + job.output_tokens
             heapq.heappush(self._heap, (job.end_step, next(self._order), job))
             admitted.append(job)
         # The engine caches a prompt's blocks once its prefill step is done; every
@@ -302,6 +333,12 @@ class SimGpu:
             for job in admitted:
                 cache.insert(job.block_hashes)
         return admitted
+
+    def _left(self, job: SimJob) -> None:
+        """A running job leaves (done or cancelled): its KV is free."""
+        self._reserved -= job.reservation
+        self._prompts_running -= job.prompt_tokens
+        self._starts_running -= job.end_step - job.output_tokens
 
     def _count_hits(self, job: SimJob, blocks: int) -> None:
         job.cached_tokens = min(blocks * BLOCK_TOKENS, job.prompt_tokens)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from sim.results import PolicyResult, RunResults, ScenarioResult
-from sim.tables import ORACLE, ordered_policies, slug, steady_scenarios
+from sim.tables import GREEDY, ordered_policies, slug, steady_scenarios
 
 MERIDIAN = "meridian"
 DPI = 100
@@ -49,7 +49,7 @@ def _colours(names: Sequence[str]) -> dict[str, Any]:
     from matplotlib import colormaps
 
     cmap = colormaps[CMAP]
-    return {name: "black" if name == ORACLE else cmap(i % 10) for i, name in enumerate(names)}
+    return {name: "black" if name == GREEDY else cmap(i % 10) for i, name in enumerate(names)}
 
 
 def write_plots(out_dir: Path, run: RunResults) -> list[Path]:
@@ -132,7 +132,7 @@ def _share_panel(ax: Any, name: str, result: PolicyResult, colours: dict[str, An
 def timeline(path: Path, scenario: ScenarioResult) -> Path:
     names = ordered_policies(scenario.policies)
     colours = _colours(names)
-    panels = [n for n in (MERIDIAN, ORACLE) if n in scenario.policies]
+    panels = [n for n in (MERIDIAN, GREEDY) if n in scenario.policies]
     fig, axes = _figure(10, 4 + 2 * len(panels), rows=1 + len(panels))
     top = axes[0]
     for name in names:

@@ -7,7 +7,7 @@ and balancers; the recorder (``sim.measure``) keeps what happened to it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from common.basics.geo import GeoPoint
 from common.basics.vocabulary import Priority
@@ -18,6 +18,11 @@ SIM_MODEL = "sim-llm"
 @dataclass(frozen=True, slots=True)
 class SimRequest:
     """One inference request: when and where it arrives, who sends it, its shape.
+
+    ``output_tokens`` is the answer's true length, which only the simulated GPU
+    knows (it stops there); ``max_tokens`` is the cap the client sent, resolved as
+    a server resolves a missing one (``sim.caps``): all a router ever sees of the
+    answer's length before it ends. ``output_tokens <= max_tokens``.
 
     ``prefix_blocks`` are chained hashes of the prompt's leading ``BLOCK_TOKENS``
     blocks (as ``common.request.prefix`` computes them at the edge): two requests
@@ -36,3 +41,7 @@ class SimRequest:
     session: str | None = None
     priority: Priority = Priority.STANDARD
     model: str = SIM_MODEL
+    max_tokens: int = field(kw_only=True)
+    # Leading blocks of prefix_blocks an earlier request already had (a system prompt, an
+    # earlier turn): the most any GPU's prefix cache can hold of this prompt (sim.bound).
+    shared_blocks: int = field(default=0, kw_only=True)

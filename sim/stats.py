@@ -13,6 +13,9 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 def percentile(ordered: Sequence[float], q: float) -> float | None:
@@ -121,3 +124,17 @@ def swing(series: Sequence[float | None]) -> Swing | None:
     std = pstdev(known)
     assert std is not None
     return Swing(mean=math.fsum(known) / len(known), std=std, max_swing=max(steps, default=0.0))
+
+
+def cumulative_shares(weighted: Sequence[tuple[T, float]]) -> list[tuple[float, T]]:
+    """``(cumulative share, item)`` per ``(item, weight)``, the last share exactly 1, so a
+    uniform draw ``u`` in [0, 1) picks the first item whose share exceeds it."""
+    total = math.fsum(w for _, w in weighted)
+    out: list[tuple[float, T]] = []
+    acc = 0.0
+    for item, weight in weighted:
+        acc += weight / total
+        out.append((acc, item))
+    if out:
+        out[-1] = (1.0, out[-1][1])
+    return out

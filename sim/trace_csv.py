@@ -38,6 +38,7 @@ from typing import IO
 
 from common.basics.vocabulary import Priority
 from sim.arrivals import Mixer
+from sim.caps import DEFAULT_CAPS, CapDraw, ClientCaps
 from sim.geography import CITIES, City
 from sim.requests import SIM_MODEL, SimRequest
 from sim.sessions import BlockIds
@@ -185,6 +186,7 @@ class _Options:
     model: str
     kv_cap_tokens: int | None
     tolerance_s: float
+    caps: ClientCaps
 
 
 @dataclass(slots=True)
@@ -209,6 +211,7 @@ class _Replayer:
         )
         self.rng = random.Random(f"trace:{seed}")
         self.ids = BlockIds(self.rng)
+        self.caps = CapDraw(opts.caps, random.Random(f"caps:{seed}"))
         self.sessions: dict[str, _Turn] = {}
         self.base: float | None = None
         self.last = 0.0
@@ -245,11 +248,13 @@ class _Replayer:
     def request(self, n: int, line: int, row: list[str]) -> SimRequest:
         cols, opts = self.columns, self.opts
         t = self._time(line, row[cols.timestamp])
-        prompt, output = self._shape(line, row)
+        prompt, true_output = self._shape(line, row)
+        max_tokens, output = self.caps.draw(prompt, true_output)
         session = row[cols.session].strip() if cols.session is not None else ""
         tenant = row[cols.tenant].strip() if cols.tenant is not None else ""
         tenant = tenant or opts.tenant
         previous = self.sessions.get(session) if session else None
+        shared: tuple[int, ...] = ()
         if previous is None:
             city, blocks = self._city(t), self.ids.extend((), prompt)
         else:
@@ -271,6 +276,8 @@ class _Replayer:
             session or None,
             opts.priorities.get(tenant, Priority.STANDARD),
             opts.model,
+            max_tokens=max_tokens,
+            shared_blocks=len(shared),
         )
 
 
@@ -301,12 +308,15 @@ def read_trace(
     model: str = SIM_MODEL,
     kv_cap_tokens: int | None = KV_CAP_TOKENS,
     tolerance_s: float = DEFAULT_TOLERANCE_S,
+    caps: ClientCaps = DEFAULT_CAPS,
 ) -> Iterator[SimRequest]:
     """The trace's requests, lazily, ids 0..n-1 in file order (see the module docstring).
 
     The header and the first row are read at once, so an empty or headless file
     fails here; a later malformed row fails when the iteration reaches it.
-    ``priorities`` maps a tenant to the priority its requests carry (standard otherwise).
+    ``caps`` is how the trace's clients set ``max_tokens`` (the trace records only the
+    length generated; ``sim.caps``). ``priorities`` maps a tenant to the priority its
+    requests carry (standard otherwise).
     """
     if not cities:
         raise ValueError("read_trace: cities must list at least one city")
@@ -340,6 +350,6 @@ def read_trace(
         day_length_s=day_length_s,
     )
     mixer.set_time(0.0)
-    opts = _Options(tenant, dict(priorities or {}), model, kv_cap_tokens, tolerance_s)
+    opts = _Options(tenant, dict(priorities or {}), model, kv_cap_tokens, tolerance_s, caps)
     replayer = _Replayer(where, columns, clock, mixer, seed, opts)
     return _replay(handle, replayer, first, rows)

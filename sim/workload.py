@@ -10,6 +10,8 @@ arrival order, ids 0..n-1, until ``duration_s`` or ``max_requests``.
   CV at ``rate_rps``; each arrival's city by weight × the diurnal curve of its
   local time, its tenant by weight; ``Boost`` windows multiply some cities' or a
   tenant's rate (flash crowd, tenant flood).
+- Caps (``sim.caps``): each request's ``max_tokens`` drawn from the clients' mix
+  (``caps``), from a generator of its own; the true length is cut at the cap.
 - Prefix sharing (``sim.sessions``): tenants' shared system prompts, and
   multi-turn sessions whose turns extend the previous turn's blocks.
 """
@@ -25,10 +27,12 @@ from dataclasses import dataclass
 from common.basics.vocabulary import Priority
 from common.request.prefix import BLOCK_TOKENS
 from sim.arrivals import Arrivals, Boost, Mixer
+from sim.caps import DEFAULT_CAPS, CapDraw, ClientCaps
 from sim.geography import CITIES, City
 from sim.requests import SIM_MODEL, SimRequest
 from sim.sessions import MIN_MESSAGE_TOKENS, BlockIds, Session, SessionBook, SystemPrompts
 from sim.shapes import CODE, CONVERSATION, KV_CAP_TOKENS, SHAPES, RequestShape
+from sim.stats import cumulative_shares
 
 __all__ = [
     "CODE",
@@ -97,6 +101,10 @@ class WorkloadSpec:
     # None: the shape's own (1.1 for conversation, 13 for code).
     interarrival_cv: float | None = None
     model: str = SIM_MODEL
+    # The models requests ask for, by weight (empty: ``model`` alone).
+    models: tuple[tuple[str, float], ...] = ()
+    # How clients set max_tokens (sim.caps); the true length is the shape's draw.
+    caps: ClientCaps = DEFAULT_CAPS
 
     def __post_init__(self) -> None:
         _check_bounds(self)
@@ -136,6 +144,11 @@ def _check_bounds(spec: WorkloadSpec) -> None:
         _positive("interarrival_cv", spec.interarrival_cv)
     if not spec.model:
         _fail("model", "must be a model name, got ''")
+    for i, (name, weight) in enumerate(spec.models):
+        if not name or not (
+            isinstance(weight, int | float) and math.isfinite(weight) and weight > 0
+        ):
+            _fail(f"models[{i}]", f"must be (a model name, a weight > 0), got {(name, weight)!r}")
 
 
 def _check_people(spec: WorkloadSpec) -> None:
@@ -218,6 +231,8 @@ class _Stream:
         self.arrivals = Arrivals(
             mixer, rate_rps=spec.rate_rps, cv=spec.cv, rng=random.Random(f"arrivals:{spec.seed}")
         )
+        self.caps = CapDraw(spec.caps, random.Random(f"caps:{spec.seed}"))
+        self.models_rng = random.Random(f"models:{spec.seed}")
         self.ids = BlockIds(rng)
         self.system = SystemPrompts(
             len(spec.tenants),
@@ -266,6 +281,9 @@ class _Stream:
         cities, tenants = spec.cities, spec.tenants
         senders = [(c.name, c.location, t.id, t.priority) for c in cities for t in tenants]
         n_tenants, model, open_p = len(spec.tenants), spec.model, self.open_p
+        cap = self.caps.draw
+        models = cumulative_shares(spec.models)
+        model_draw = self.models_rng.random
         prompts, outputs = spec.shape.prompt.table, spec.shape.output.table
         n_prompts, n_outputs = len(prompts), len(outputs)
         book, extend, system = self.book, self.ids.extend, self.system.choose
@@ -295,8 +313,24 @@ class _Stream:
             self.prompt_tokens += prompt
             self.shared_tokens += len(shared) * block
             city, origin, tenant, priority = senders[pair]
+            max_tokens, output = cap(prompt, output)
+            if models:
+                u = model_draw()
+                model = next(m for share, m in models if u < share)
             yield SimRequest(
-                n, t, city, origin, tenant, prompt, output, blocks, session_id, priority, model
+                n,
+                t,
+                city,
+                origin,
+                tenant,
+                prompt,
+                output,
+                blocks,
+                session_id,
+                priority,
+                model,
+                max_tokens=max_tokens,
+                shared_blocks=len(shared),
             )
 
 

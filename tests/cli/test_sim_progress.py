@@ -12,7 +12,7 @@ from sim.run import RunSpec
 from sim.scenarios import SCENARIOS
 from sim.workload import WorkloadSpec
 
-A, B = ("steady-90", "meridian"), ("steady-90", "oracle")
+A, B = ("steady-90", "meridian"), ("steady-90", "greedy_clairvoyant")
 
 
 def test_off_a_terminal_a_line_every_few_seconds_and_one_per_finished_run() -> None:

@@ -13,7 +13,9 @@ ARRIVALS = [0.5, 0.5, 1.25, 3.0, 3.0, 3.0, 7.5]
 
 
 def _requests(times: list[float]) -> list[SimRequest]:
-    return [SimRequest(i, t, "c", GeoPoint(0, 0), "t", 10, 5) for i, t in enumerate(times)]
+    return [
+        SimRequest(i, t, "c", GeoPoint(0, 0), "t", 10, 5, max_tokens=5) for i, t in enumerate(times)
+    ]
 
 
 def test_each_request_starts_at_its_arrival_and_the_feed_waits_for_the_last_to_end() -> None:

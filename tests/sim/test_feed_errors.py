@@ -13,7 +13,7 @@ from sim.run import _feed
 
 
 def requests(n: int) -> list[SimRequest]:
-    return [SimRequest(i, 0.1 * i, "c", GeoPoint(0, 0), "t", 16, 4) for i in range(n)]
+    return [SimRequest(i, 0.1 * i, "c", GeoPoint(0, 0), "t", 16, 4, max_tokens=4) for i in range(n)]
 
 
 def test_a_routing_bug_is_raised_not_left_as_a_hole_in_the_figures() -> None:

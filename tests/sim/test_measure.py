@@ -36,7 +36,9 @@ class FakeGpu:
 
 
 def request(i: int, at: float, *, tenant: str = "acme", city: str = "Paris") -> SimRequest:
-    return SimRequest(i, at, city, PARIS, tenant, prompt_tokens=100, output_tokens=10)
+    return SimRequest(
+        i, at, city, PARIS, tenant, prompt_tokens=100, output_tokens=10, max_tokens=10
+    )
 
 
 def serve(

@@ -1,30 +1,37 @@
-"""The lower bound: one central queue over the whole fleet, with perfect knowledge.
+"""A greedy clairvoyant reference: one central queue over the whole fleet, perfect knowledge.
 
-No router can do better than this on the same arrivals and the same GPUs:
-the oracle sees every GPU's true state and speed the instant they change,
-keeps every request in one central FIFO, and binds a request to a GPU only
-when that GPU admits it at once (a free concurrency slot and room for its
-KV reservation, ``prompt + max_tokens``) — late binding, so no request ever
-waits in a GPU's own queue while another GPU could take it. Among the GPUs
-that admit it, it takes the one where its true completion time is least:
+Not a bound, and no claim that a router cannot do better: it sees every GPU's
+true state and speed and every answer's true length the instant they change
+(knowledge no router has), keeps every request in one central FIFO, and binds
+a request to a GPU only when that GPU admits it at once (a free concurrency
+slot and room for its KV reservation, ``prompt + output``) — late binding, so
+no request ever waits in a GPU's own queue while another GPU could take it.
+Among the GPUs that admit it, it takes the one where the request's *own*
+completion time is least:
 
     rtt(origin, region) + prefill of the part the GPU's own prefix cache lacks
-                        + max_tokens decode steps at the batch it joins
+                        + output decode steps at the batch it joins
 
 (``completion_s``; the engine's step formula at the GPU's effective speed).
-The wait until the GPU's next step boundary (at most one step, a few ms) is
-left out. When nothing admits the head of the queue, it waits there until a
-job finishes somewhere (``job.done`` callbacks), then goes at once.
+Greedy per request, it leaves out what its choice costs the others: the
+prefill it adds to the step time of every request already batched on that GPU
+(most of a step's cost under load in this engine), so it fills the fastest
+GPUs to their slot limit and leaves slow ones idle, and its tail can be far
+worse than a router's. The wait until the GPU's next step boundary (at most
+one step, a few ms) is left out. When nothing admits the head of the queue,
+it waits there until a job finishes somewhere (``job.done`` callbacks), then
+goes at once. The lower bound every policy is measured against is
+``sim.bound``.
 
 Cost per request is O(groups), not O(GPUs): GPUs alike but for load and cache
-form a group whose least-loaded GPU is its heap's top (``sim.oracle_fleet``).
+form a group whose least-loaded GPU is its heap's top (``sim.greedy_fleet``).
 Prefix holders are found in a small index of where prompts were sent
-(``sim.oracle_index``); the GPU's real cache then says exactly how much it
+(``sim.greedy_index``); the GPU's real cache then says exactly how much it
 holds (``PrefixCache.peek``, which touches nothing). A group's best GPU is
 asked too when its cache could still change the answer.
 
 Failures: a GPU that dies before a request's first token costs a retry
-elsewhere (no byte reached the client; the oracle never sends to a dead GPU);
+elsewhere (no byte reached the client; it never sends to a dead GPU);
 after the first token the request has failed as the client sees it. GPUs that
 come back or change speed are regrouped at once when ``refresh()`` is called,
 and in any case within ``REFRESH_S`` of simulated time.
@@ -44,15 +51,15 @@ from common.basics.geo import GeoPoint
 from common.request.prefix import BLOCK_TOKENS
 from sim.engine import step_cost_s
 from sim.gpu_model import GpuFailed, SimJob
-from sim.oracle_fleet import FleetBook, GpuGroup, PlacedGpu, TrackedGpu
-from sim.oracle_index import HolderIndex
+from sim.greedy_fleet import FleetBook, GpuGroup, PlacedGpu, TrackedGpu
+from sim.greedy_index import HolderIndex
 from sim.requests import SimRequest
 
 REFRESH_S = 0.1
 
 
-class OracleRecorder(Protocol):
-    """What the oracle reports (``sim.measure`` implements it); ``code`` is a gRPC
+class GreedyRecorder(Protocol):
+    """What the greedy reference reports (``sim.measure`` implements it); ``code`` is a gRPC
     status name ("UNAVAILABLE"), as the deployment's flow reports it."""
 
     def served(
@@ -84,18 +91,18 @@ def completion_s(scale: float, batch: int, uncached_tokens: int, max_tokens: int
     return scale * (step_cost_s(batch, uncached_tokens) + (steps - 1) * step_cost_s(batch, 0))
 
 
-class Oracle:
+class GreedyClairvoyant:
     """Serves requests on ``gpus`` as the best possible router would (module docstring)."""
 
     def __init__(
         self,
         gpus: Sequence[PlacedGpu],
         rtt_ms: Callable[[GeoPoint, str], float],
-        recorder: OracleRecorder,
+        recorder: GreedyRecorder,
         home_region: Callable[[GeoPoint], str],
     ) -> None:
         if not gpus:
-            raise ValueError("the oracle needs at least one GPU; the fleet is empty")
+            raise ValueError("the greedy reference needs at least one GPU; the fleet is empty")
         self._loop = gpus[0].gpu.loop
         self._rtt_ms = rtt_ms
         self._home_region = home_region
@@ -267,7 +274,7 @@ class Oracle:
 
     def _refusal(self, req: SimRequest) -> grpc.StatusCode:
         """Why nothing can ever take ``req``: too large for every GPU, or no GPU up."""
-        if req.prompt_tokens + req.output_tokens > self.fleet.largest_kv:
+        if req.prompt_tokens + req.max_tokens > self.fleet.largest_kv:
             return grpc.StatusCode.INVALID_ARGUMENT
         return grpc.StatusCode.UNAVAILABLE
 
@@ -278,7 +285,7 @@ class Oracle:
             g = self.choose(req)
             if g is not None:
                 return self._submit(g, req)
-        if not self.fleet.servable(req.prompt_tokens + req.output_tokens):
+        if not self.fleet.servable(req.prompt_tokens + req.max_tokens):
             return None
         waiter: _Waiter = (req, self._loop.create_future())
         if retry:
@@ -288,7 +295,9 @@ class Oracle:
         return await waiter[1]
 
     def _submit(self, g: TrackedGpu, req: SimRequest) -> tuple[TrackedGpu, SimJob]:
-        job = g.placed.gpu.submit(req.prompt_tokens, req.output_tokens, req.prefix_blocks)
+        job = g.placed.gpu.submit(
+            req.prompt_tokens, req.max_tokens, req.prefix_blocks, req.output_tokens
+        )
         reservation = job.reservation
         self.fleet.load_changed(g, 1, reservation)
         if req.prefix_blocks:
@@ -311,7 +320,7 @@ class Oracle:
                 continue
             g = self.choose(req)
             if g is None:
-                if self.fleet.servable(req.prompt_tokens + req.output_tokens):
+                if self.fleet.servable(req.prompt_tokens + req.max_tokens):
                     return
                 queue.popleft()
                 future.set_result(None)

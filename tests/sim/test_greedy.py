@@ -19,8 +19,8 @@ from common.request.prefix import BLOCK_TOKENS
 from sim.clock import run_simulated
 from sim.engine import PREFILL_S_PER_TOKEN, step_cost_s
 from sim.gpu_model import SimGpu
-from sim.oracle import Oracle, PlacedGpu, completion_s, prefill_s
-from sim.oracle_index import HolderIndex, probe_depths
+from sim.greedy import GreedyClairvoyant, PlacedGpu, completion_s, prefill_s
+from sim.greedy_index import HolderIndex, probe_depths
 from sim.requests import SIM_MODEL, SimRequest
 from tests.cyclic import request_leftovers, unreachable_now
 
@@ -60,7 +60,9 @@ def req(
     i: int, at: float, prompt: int = 64, output: int = 16, *, origin: GeoPoint = PARIS,
     blocks: tuple[int, ...] = (),
 ) -> SimRequest:  # fmt: skip
-    return SimRequest(i, at, "paris", origin, "t", prompt, output, prefix_blocks=blocks)
+    return SimRequest(
+        i, at, "paris", origin, "t", prompt, output, prefix_blocks=blocks, max_tokens=output
+    )
 
 
 def flat_rtt(ms: float) -> Callable[[GeoPoint, str], float]:
@@ -84,7 +86,7 @@ def run(
     async def main() -> None:
         loop = asyncio.get_running_loop()
         placed.extend(fleet(loop))
-        oracle = Oracle(placed, rtt, calls, lambda origin: "home")
+        oracle = GreedyClairvoyant(placed, rtt, calls, lambda origin: "home")
         if events is not None:
             events(placed)
 
@@ -240,7 +242,7 @@ def test_a_request_no_gpu_can_hold_fails_at_once() -> None:
 
 def test_the_oracle_refuses_an_empty_fleet() -> None:
     with pytest.raises(ValueError, match="the fleet is empty"):
-        Oracle([], flat_rtt(1.0), Recorder(), lambda origin: "home")
+        GreedyClairvoyant([], flat_rtt(1.0), Recorder(), lambda origin: "home")
 
 
 def test_dispatch_weighs_groups_not_gpus() -> None:
@@ -251,7 +253,7 @@ def test_dispatch_weighs_groups_not_gpus() -> None:
             PlacedGpu(SimGpu(config(f"g{i}", hw), loop), ("eu", "us")[i % 4 // 2], "z")
             for i, hw in enumerate(hardware)
         ]
-        oracle = Oracle(placed, flat_rtt(1.0), Recorder(), lambda o: "home")
+        oracle = GreedyClairvoyant(placed, flat_rtt(1.0), Recorder(), lambda o: "home")
         return oracle.group_count
 
     assert run_simulated(main()) == 4  # 64 GPUs: 2 regions x 2 hardware classes
