@@ -1,4 +1,4 @@
-"""The forwarding loop, written once for unary and streaming calls.
+"""The forwarding loop, written once for unary and streaming calls (and the simulator).
 
 ``Forwarder.forward`` reserves a child through the tier's balancer, sends the
 attempt with the caller's remaining deadline (Python gRPC does not propagate
@@ -9,6 +9,14 @@ at most ``max_attempts`` times. Failing over away from a child found down does
 not count against the budget. A unary call and a stream differ only in when the
 first response byte counts as sent (``Attempt.committed``): from then on, a
 failure ends the call with the child's status.
+
+The forwarder knows nothing of the gRPC call it serves: the caller gives its
+deadline as a time on the forwarder's ``clock`` (``deadline_in``) and sets the
+trailers ``forward`` hands back on its own call. An absolute deadline rather than
+the servicer context or a callable: one number read once per call, which the
+simulator (simulated clock, no context) and tests give as easily as a server; the
+time left is read from it before each reservation and each send, as the context's
+``time_remaining()`` was.
 
 Each attempt also has Envoy's per-try timeout (``common.request.per_try``, its
 limit from the attempt's expected service time): an attempt that has sent nothing
@@ -27,7 +35,7 @@ import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import grpc
 from opentelemetry import trace
@@ -37,16 +45,22 @@ from common.basics.backoff import backoff_delay_s
 from common.basics.errors import RETRY_AFTER_MS, TENANT_QUOTA, RouteError
 from common.capacity.summary import CAPACITY_HINT
 from common.config.liveness import PerTryTimeout
+from common.request.attempt import (
+    Attempt,
+    AttemptTracing,
+    Downstream,
+    Metadata,
+    NoTracing,
+)
 from common.request.balancer import Balancer, Lease, Outcome
 from common.request.children import Child
 from common.request.per_try import PerTryExpired, within_per_try
 from common.request.pick import PickRequest
 from common.request.resilience import RetryBudget
-from common.request.routing import ROUTE, RouteHints, trailer
+from common.request.routing import ROUTE, trailer
 
 T = TypeVar("T")
-T_co = TypeVar("T_co", covariant=True)
-Metadata = list[tuple[str, str]]
+Trailers = tuple[tuple[str, str], ...]
 # CANCELLED from a child (not from our caller, whose cancellation ends this handler
 # instead) means the child is shutting down: as safe to re-send as UNAVAILABLE.
 UPPER_TIER_FAILOVER = frozenset(
@@ -99,7 +113,7 @@ def _retry_after(trailers: Any) -> int | None:
     return int(value) if value is not None and value.isdigit() else None
 
 
-def passable(trailers: Any) -> tuple[tuple[str, str], ...]:
+def passable(trailers: Any) -> Trailers:
     """Trailers of a child's error worth passing up (e.g. retry-after-ms)."""
     return tuple(
         (k, v)
@@ -108,7 +122,7 @@ def passable(trailers: Any) -> tuple[tuple[str, str], ...]:
     )
 
 
-def with_route(trailers: Any, route: str, hint: str | None = None) -> tuple[tuple[str, str], ...]:
+def with_route(trailers: Any, route: str, hint: str | None = None) -> Trailers:
     """The child's trailers as this tier passes them up: its route prefixed, and its own
     capacity hint in place of the child's."""
     kept = tuple(
@@ -118,87 +132,6 @@ def with_route(trailers: Any, route: str, hint: str | None = None) -> tuple[tupl
     )
     own = ((CAPACITY_HINT, hint),) if hint else ()
     return (*kept, (ROUTE, route), *own)
-
-
-class Attempt(Protocol[T_co]):
-    """One call sent to one child: what ``Forwarder.forward`` retries."""
-
-    method: str
-
-    @property
-    def committed(self) -> bool:
-        """A response byte went back to the caller: the call can no longer fail over."""
-        ...
-
-    async def send(
-        self, child: Child, metadata: Metadata, timeout: float | None
-    ) -> tuple[T_co, Any]:
-        """The child's answer and its trailers; raises ``grpc.aio.AioRpcError``."""
-        ...
-
-
-@dataclass
-class UnaryAttempt(Generic[T]):
-    """A unary call: nothing reaches the caller before the child has answered."""
-
-    method: str
-    request: Any
-    committed: bool = False
-
-    async def send(self, child: Child, metadata: Metadata, timeout: float | None) -> tuple[T, Any]:
-        assert child.stub is not None
-        call = getattr(child.stub, self.method)(self.request, metadata=metadata, timeout=timeout)
-        response = await call
-        # A tuple, iterated several times below (route, capacity hint, load, passed up),
-        # where grpc's Metadata iterates through a generator each time.
-        return response, tuple(await call.trailing_metadata())
-
-
-class AttemptTracing(Protocol):
-    """The spans of decisions and attempts (``common.observability.tracing.TierTracing``)."""
-
-    def decision_started(self, parent: Span) -> int: ...
-
-    def record_decision(
-        self,
-        parent: Span,
-        started: int,
-        lease: Lease | None = None,
-        code: grpc.StatusCode = grpc.StatusCode.OK,
-    ) -> None: ...
-
-    def begin_attempt(self, method: str, lease: Lease, attempt: int, parent: Span) -> None: ...
-
-    def end_attempt(
-        self, lease: Lease, code: grpc.StatusCode, detail: str, elapsed: float
-    ) -> None: ...
-
-    def child_metadata(self, metadata: Metadata, lease: Lease, parent: Span) -> Metadata: ...
-
-
-class NoTracing:
-    """Tracing off: every step is one call that does nothing."""
-
-    def decision_started(self, parent: Span) -> int:
-        return 0
-
-    def record_decision(
-        self,
-        parent: Span,
-        started: int,
-        lease: Lease | None = None,
-        code: grpc.StatusCode = grpc.StatusCode.OK,
-    ) -> None:
-        return None
-
-    def begin_attempt(self, method: str, lease: Lease, attempt: int, parent: Span) -> None:
-        return None
-
-    def end_attempt(self, lease: Lease, code: grpc.StatusCode, detail: str, elapsed: float) -> None:
-        return None
-
-    def child_metadata(self, metadata: Metadata, lease: Lease, parent: Span) -> Metadata:
-        return metadata
 
 
 @dataclass(frozen=True)
@@ -236,24 +169,31 @@ class Forwarder:
         self.rng = rng or random.Random()
         self.clock = clock
 
+    def deadline_in(self, left: float | None) -> float | None:
+        """The deadline, on ``clock``, of a caller with ``left`` seconds to go (a
+        context's ``time_remaining()``); None: no deadline."""
+        return None if left is None else self.clock() + left
+
     async def forward(
         self,
         attempt: Attempt[T],
         pick: PickRequest,
-        hints: RouteHints,
-        context: grpc.aio.ServicerContext,
+        hints: Downstream,
+        deadline: float | None,
         parent: Span = trace.INVALID_SPAN,
-    ) -> tuple[T, str]:
-        """The child's answer and the route it took; RouteError when no attempt succeeds."""
+    ) -> tuple[T, str, Trailers]:
+        """The child's answer, the route it took and the trailers the caller sets on
+        its own call (``with_route``); RouteError when no attempt succeeds.
+        ``deadline`` is the caller's on ``clock`` (``deadline_in``), None: none."""
         attempts = Attempts()
         self.budget.request_started()
         try:
             while True:
                 try:
-                    lease = await self._next_lease(pick, attempts, context, parent)
+                    lease = await self._next_lease(pick, attempts, deadline, parent)
                     n = hints.attempt + len(attempts.tried) - 1
                     self.tracing.begin_attempt(attempt.method, lease, n, parent)
-                    timeout = self._lease_timeout(lease, context)
+                    timeout = self._lease_timeout(lease, deadline)
                     metadata = self.tracing.child_metadata(
                         hints.downstream_metadata(pick.origin, n, pick.prefix_blocks), lease, parent
                     )
@@ -262,10 +202,7 @@ class Forwarder:
                         continue
                     result, trailers = answer
                     route = self.route_of(lease.child, trailers)
-                    context.set_trailing_metadata(
-                        with_route(trailers, route, self.hint(pick.model))
-                    )
-                    return result, route
+                    return result, route, with_route(trailers, route, self.hint(pick.model))
                 finally:
                     self._end_attempt(attempts)
         finally:
@@ -315,7 +252,7 @@ class Forwarder:
         return f"{prefix}/{below}" if prefix else below
 
     async def _next_lease(
-        self, pick: PickRequest, attempts: Attempts, context: grpc.aio.ServicerContext, parent: Span
+        self, pick: PickRequest, attempts: Attempts, deadline: float | None, parent: Span
     ) -> Lease:
         """Reserve the child for the next attempt: after a back-off, inside the budget."""
         n = len(attempts.tried)
@@ -332,7 +269,7 @@ class Forwarder:
             await asyncio.sleep(backoff_delay_s(n, self.rng))
         started = self.tracing.decision_started(parent)
         try:
-            lease = await self.balancer.acquire(pick, attempts.tried, remaining(context))
+            lease = await self.balancer.acquire(pick, attempts.tried, self._left(deadline))
         except RouteError as err:
             self.tracing.record_decision(parent, started, code=err.code)
             if n and err.code == grpc.StatusCode.UNAVAILABLE:
@@ -345,10 +282,20 @@ class Forwarder:
         attempts.tried.append(lease.child.name)
         return lease
 
-    def _lease_timeout(self, lease: Lease, context: grpc.aio.ServicerContext) -> float | None:
+    def _left(self, deadline: float | None) -> float | None:
+        """Seconds left before ``deadline`` (None: no deadline); DEADLINE_EXCEEDED once
+        it has passed."""
+        if deadline is None:
+            return None
+        left = deadline - self.clock()
+        if left <= 0:
+            raise RouteError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline spent before forwarding")
+        return left
+
+    def _lease_timeout(self, lease: Lease, deadline: float | None) -> float | None:
         """The time left once a lease is held (the wait for it may have spent it all)."""
         try:
-            return remaining(context)
+            return self._left(deadline)
         except RouteError:
             self.settle(lease, grpc.StatusCode.DEADLINE_EXCEEDED, ())
             raise
@@ -385,13 +332,3 @@ class Forwarder:
                 lease.child.name, code, detail, trailers, child_down=not lease.child.healthy
             )
         raise RouteError(code, detail, passable(trailers)) from None
-
-
-def remaining(context: grpc.aio.ServicerContext) -> float | None:
-    """The caller's remaining deadline in seconds (None: no deadline)."""
-    left = context.time_remaining()
-    if left is None:
-        return None
-    if left <= 0:
-        raise RouteError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline spent before forwarding")
-    return float(left)

@@ -26,10 +26,11 @@ from common.config.access import Limits
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.abort import abort_call
+from common.request.attempt import UnaryAttempt
 from common.request.balancer import Balancer
 from common.request.call import STREAM_METHOD, CallRecord, call_of
 from common.request.children import ChildSet
-from common.request.forwarding import Forwarder, UnaryAttempt
+from common.request.forwarding import Forwarder
 from common.request.pick import PickRequest
 from common.request.prefix import MAX_CARRIED_BLOCKS, prompt_block_hashes
 from common.request.routing import RouteHints, parse_hints
@@ -137,10 +138,10 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         try:
             hints = self.hints(context)
             pick = self.pick_request(request.name, request.version, hints, None)
-            attempt: UnaryAttempt[pb.ModelMetadataResponse] = UnaryAttempt(
-                "ModelMetadata", request
-            )
-            response, _ = await self.forwarder.forward(attempt, pick, hints, context)
+            attempt: UnaryAttempt[pb.ModelMetadataResponse] = UnaryAttempt("ModelMetadata", request)
+            deadline = self.forwarder.deadline_in(context.time_remaining())
+            response, _, trailers = await self.forwarder.forward(attempt, pick, hints, deadline)
+            context.set_trailing_metadata(trailers)
             return response
         except RouteError as err:
             await self.abort(context, err, request.name)
@@ -161,9 +162,11 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             release = await self.gate.admit(hints, pick, call)
             try:
                 attempt: UnaryAttempt[pb.ModelInferResponse] = UnaryAttempt("ModelInfer", request)
-                response, call.route = await self.forwarder.forward(
-                    attempt, pick, hints, context, call.span
+                deadline = self.forwarder.deadline_in(context.time_remaining())
+                response, call.route, trailers = await self.forwarder.forward(
+                    attempt, pick, hints, deadline, call.span
                 )
+                context.set_trailing_metadata(trailers)
             finally:
                 release()
             # The GPU's own counts, passed up by every tier; else the estimate stands.
@@ -227,8 +230,14 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         async def admit(pick: PickRequest, record: CallRecord) -> Release:
             return await self.gate.admit(hints, pick, record)
 
-        async def forward(attempt: StreamRequestAttempt, pick: PickRequest) -> tuple[None, str]:
-            return await self.forwarder.forward(attempt, pick, hints, context, call.span)
+        async def forward(attempt: StreamRequestAttempt, pick: PickRequest) -> str:
+            # Each request's own trailers: the stream ends with its last request's.
+            deadline = self.forwarder.deadline_in(context.time_remaining())
+            _, route, trailers = await self.forwarder.forward(
+                attempt, pick, hints, deadline, call.span
+            )
+            context.set_trailing_metadata(trailers)
+            return route
 
         return RequestPath(
             parse=lambda request: parse_generate(request, self.limits),

@@ -43,9 +43,9 @@ from google.protobuf.unknown_fields import UnknownFieldSet
 
 from common.basics.errors import RouteError
 from common.gen.inference import grpc_service_pb2 as pb
+from common.request.attempt import Metadata
 from common.request.call import STREAM_METHOD, CallRecord
 from common.request.children import Child
-from common.request.forwarding import Metadata
 from common.request.pick import PickRequest
 from common.request.routing import SINGLE_REQUEST
 from common.request.tokens import TokenCount
@@ -65,7 +65,7 @@ def no_release() -> None:
 
 @dataclass
 class StreamRequestAttempt:
-    """One request sent to one child on a stream of its own (``forwarding.Attempt``)."""
+    """One request sent to one child on a stream of its own (``attempt.Attempt``)."""
 
     request: pb.ModelInferRequest
     write: Write
@@ -159,7 +159,8 @@ class RequestPath:
     parse: Callable[[pb.ModelInferRequest], GenerateRequest]
     pick: Callable[[GenerateRequest], PickRequest]
     admit: Callable[[PickRequest, CallRecord], Awaitable[Release]]
-    forward: Callable[[StreamRequestAttempt, PickRequest], Awaitable[tuple[None, str]]]
+    # The route the request took (the forwarding loop; its trailers set on the call).
+    forward: Callable[[StreamRequestAttempt, PickRequest], Awaitable[str]]
 
 
 def status_of(message: str) -> tuple[grpc.StatusCode, str]:
@@ -200,7 +201,7 @@ class StreamRequest:
         record.prompt_tokens, record.max_tokens = pick.prompt_tokens, pick.max_tokens
         release = await self.path.admit(pick, record)
         try:
-            _, record.route = await self.path.forward(self.attempt, pick)
+            record.route = await self.path.forward(self.attempt, pick)
         finally:
             release()
         if self.attempt.error:
