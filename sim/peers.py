@@ -199,6 +199,11 @@ class SpillRegionPicker:
     does, rather than piling it on the nearest. Only regions that may serve the
     request and that the tenant may be served in are ranked.
 
+    ``threshold`` is the operator's setting (default ``SPILL_THRESHOLD``). The
+    slots a region reports are its engines' largest batches, past the load at
+    which answers stay quick, so a lower threshold spills earlier, queues less
+    and pays more RTT: the reports should say which threshold they ran.
+
     Failure mode: the threshold is a fixed share of slots, blind to request
     cost; a region full of long answers and one of short ones look alike, and
     a region whose report is stale is all but skipped until it reports again.
