@@ -23,13 +23,17 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, TextIO
+from typing import TYPE_CHECKING, Any, TextIO
 
 from cli.options import HelpFormatter
 from common.config.node import ConfigError
 from common.config.topology import Topology, load_topology, topology_from_mapping
 from common.observability.logs import LEVEL_ENV, LogSettings
 from sim.native import NativeError, compiled_modules, run_native
+
+if TYPE_CHECKING:
+    from sim.regional_load import RegionalLoad
+    from sim.run import RunSpec
 
 QUICK = {"gpus": 48, "regions": 3, "requests": 2500}
 # The simulated tiers log as the servers do. In a simulation their warnings (a GPU
@@ -97,6 +101,12 @@ def _fleet_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpus", type=int, default=1024, help="GPUs in the fleet")
     p.add_argument("--regions", type=int, default=6, help="cloud regions")
     p.add_argument("--seed", type=int, default=1, help="random seed")
+    p.add_argument(
+        "--sized-to-demand",
+        action="store_true",
+        help="split the GPUs over regions by their clients' peak demand over a day "
+        "(default: by each region's usual size)",
+    )
 
 
 def sim_main(argv: list[str], out: TextIO = sys.stdout) -> int:
@@ -115,7 +125,9 @@ def sim_main(argv: list[str], out: TextIO = sys.stdout) -> int:
 def _fleet(args: argparse.Namespace, out: TextIO) -> int:
     from sim.fleet_gen import fleet_mapping, write_fleet
 
-    mapping = fleet_mapping(gpus=args.gpus, regions=args.regions, seed=args.seed)
+    mapping = fleet_mapping(
+        gpus=args.gpus, regions=args.regions, seed=args.seed, sized_to_demand=args.sized_to_demand
+    )
     if args.out:
         write_fleet(Path(args.out), mapping)
         print(f"wrote {args.out}: {args.gpus} GPUs in {args.regions} regions", file=out)
@@ -127,13 +139,20 @@ def _fleet(args: argparse.Namespace, out: TextIO) -> int:
 
 
 def _topology(args: argparse.Namespace) -> Topology:
+    if args.fleet and args.sized_to_demand:
+        raise ValueError("--sized-to-demand shapes a generated fleet: drop it or --fleet")
     if args.fleet:
         topology = load_topology(args.fleet)
     else:
         from sim.fleet_gen import fleet_mapping
 
         topology = topology_from_mapping(
-            fleet_mapping(gpus=args.gpus, regions=args.regions, seed=args.seed)
+            fleet_mapping(
+                gpus=args.gpus,
+                regions=args.regions,
+                seed=args.seed,
+                sized_to_demand=args.sized_to_demand,
+            )
         )
     if not any(z.gpus for r in topology.regions for z in r.zones):
         raise ValueError("the fleet has no GPUs: give every zone at least one")
@@ -199,6 +218,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
                 load=s.load,
                 events=results[(s.name, policies[0])][1],
                 policies={p: results[(s.name, p)][0] for p in policies},
+                regional_load=_regional_load(replace(base, scenario=s)),
             )
             for s in scenarios
         ],
@@ -206,6 +226,18 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     for path in write_results(Path(args.out), run, plots=not args.no_plots):
         print(f"wrote {path}", file=out)
     return 0
+
+
+def _regional_load(spec: RunSpec) -> RegionalLoad | None:
+    """Each region's offered load ÷ capacity over the run, from the workload alone;
+    None for a trace replay (its arrivals carry no cities to map to regions)."""
+    from sim.regional_load import regional_load
+    from sim.run import Geography, scenario_workload
+
+    if spec.trace is not None:
+        return None
+    workload = scenario_workload(spec, Geography(spec.topology))
+    return regional_load(workload, spec.topology, spec.requests / workload.rate_rps)
 
 
 def sim_log_level(env: Mapping[str, str]) -> str:

@@ -6,7 +6,10 @@ picks free ports). How it is laid out, deterministically for a seed:
 
 - regions: the first ``regions`` of ``sim.geography.CLOUD_REGIONS`` at their real
   coordinates; each gets one GPU, the rest by the regions' ``gpu_weight``
-  (largest remainder), so the US and EU regions are the big ones;
+  (largest remainder), so the US and EU regions are the big ones; or, sized to
+  demand, by the peak over a day of their clients' share of the traffic
+  (``sim.regional_load.day_peak_shares``: the cities nearest each region), so a
+  region whose clients peak at once holds what their evening asks of it;
 - zones: 3 in a region whose ``gpu_weight`` is at least ``THREE_ZONE_WEIGHT``, 2
   elsewhere (never more zones than the region has GPUs), near the region's
   coordinates; GPUs split over them by seeded weights in [0.8, 1.2], at least one each;
@@ -38,7 +41,8 @@ from typing import Any
 import yaml
 
 from common.config.gpu import HARDWARE_KV_TOKENS, HARDWARE_SPEED
-from sim.geography import CLOUD_REGIONS, CloudRegion
+from sim.geography import CITIES, CLOUD_REGIONS, CloudRegion
+from sim.regional_load import day_peak_shares
 from sim.requests import SIM_MODEL
 from sim.shapes import CONVERSATION
 
@@ -130,9 +134,11 @@ def fleet_mapping(
     model: str = SIM_MODEL,
     throttled_fraction: float = 0.05,
     hardware_mix: Mapping[str, float] | None = None,
+    sized_to_demand: bool = False,
 ) -> dict[str, Any]:
     """A topology mapping for ``gpus`` GPUs in ``regions`` regions (module docstring);
-    ``ValueError`` naming the flag to fix on bad input."""
+    ``ValueError`` naming the flag to fix on bad input. ``sized_to_demand`` splits the
+    GPUs over regions by their clients' peak demand instead of their ``gpu_weight``."""
     mix = dict(DEFAULT_HARDWARE_MIX if hardware_mix is None else hardware_mix)
     _check(gpus, regions, model, throttled_fraction, mix)
     rng = random.Random(f"fleet:{seed}")
@@ -143,7 +149,7 @@ def fleet_mapping(
     throttled = set(rng.sample(range(gpus), throttled_count(gpus, throttled_fraction)))
     gpu_entries = [_gpu(hardware[i], i in throttled, model) for i in range(gpus)]
     chosen = CLOUD_REGIONS[:regions]
-    per_region = apportion(gpus, [r.gpu_weight for r in chosen], minimum=1)
+    per_region = apportion(gpus, region_weights(chosen, sized_to_demand), minimum=1)
     region_entries = []
     for region, count in zip(chosen, per_region, strict=True):
         own, gpu_entries = gpu_entries[:count], gpu_entries[count:]
@@ -160,6 +166,15 @@ def fleet_mapping(
         },
         "regions": region_entries,
     }
+
+
+def region_weights(chosen: Sequence[CloudRegion], sized_to_demand: bool) -> list[float]:
+    """What the GPUs are split by: each region's ``gpu_weight``, or its peak share of a
+    day's traffic from the default cities (a region nearest none gets the minimum)."""
+    if not sized_to_demand:
+        return [r.gpu_weight for r in chosen]
+    peaks = day_peak_shares(CITIES, {r.name: r.location for r in chosen})
+    return [peaks[r.name] for r in chosen]
 
 
 def _region(region: CloudRegion, gpus: list[dict[str, Any]], rng: random.Random) -> dict[str, Any]:

@@ -14,6 +14,8 @@ from collections.abc import Mapping
 from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
+from sim.regional_load import RegionalLoad
+
 # The figures ``ratio_to`` compares with the oracle's, in the order reports use.
 HEADLINE: tuple[str, ...] = (
     "ttft_p50_s",
@@ -190,6 +192,9 @@ class ScenarioResult:
     load: float
     events: list[tuple[float, str]]
     policies: dict[str, PolicyResult]
+    # Each region's offered load ÷ capacity over the run (``sim.regional_load``); None
+    # for a trace replay and in results written before it was computed.
+    regional_load: RegionalLoad | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -198,6 +203,7 @@ class ScenarioResult:
             "load": self.load,
             "events": [[at, label] for at, label in self.events],
             "policies": {name: r.to_json() for name, r in self.policies.items()},
+            "regional_load": self.regional_load.to_json() if self.regional_load else None,
         }
 
     @classmethod
@@ -208,6 +214,9 @@ class ScenarioResult:
             load=data["load"],
             events=[(float(at), str(label)) for at, label in data["events"]],
             policies={k: PolicyResult.from_json(v) for k, v in data["policies"].items()},
+            regional_load=(
+                RegionalLoad.from_json(data["regional_load"]) if data.get("regional_load") else None
+            ),
         )
 
 

@@ -81,7 +81,8 @@ def arrival_rate(spec: RunSpec) -> float:
 
 
 def scenario_workload(spec: RunSpec, geography: Geography) -> WorkloadSpec:
-    """The workload at the scenario's rate, with its flash crowd or flood as boosts."""
+    """The workload at the scenario's rate, with its flash crowd or flood as boosts, and
+    a compressed day's diurnal curve spanning the run."""
     rate = arrival_rate(spec)
     duration = spec.requests / rate
     boosts: list[Boost] = []
@@ -97,6 +98,10 @@ def scenario_workload(spec: RunSpec, geography: Geography) -> WorkloadSpec:
         start = flood.at * duration
         tenant = spec.workload.tenants[0].id
         boosts.append(Boost(start, start + flood.seconds, flood.factor, tenant=tenant))
+    start_utc, day_s = spec.workload.start_utc_hour, spec.workload.day_length_s
+    if spec.scenario.compressed_day:
+        # One whole day per run, from midnight UTC: every region's peak passes.
+        start_utc, day_s = 0.0, duration
     return replace(
         spec.workload,
         rate_rps=rate,
@@ -106,6 +111,8 @@ def scenario_workload(spec: RunSpec, geography: Geography) -> WorkloadSpec:
         duration_s=None,
         boosts=tuple(boosts),
         seed=spec.seed,
+        start_utc_hour=start_utc,
+        day_length_s=day_s,
     )
 
 

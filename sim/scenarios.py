@@ -8,6 +8,13 @@ the tiered policies, on the deployment's tiers (a lost zone's local tier is
 down too). Times are fractions of the scenario's duration so one scenario
 reads the same at ``--quick`` and at full length; a boost's window is in
 seconds where the issue fixes it (the flash crowd lasts 60 s).
+
+Most scenarios hold the clock at one hour of a real day (a run is minutes of it),
+so the regions' shares of the traffic stay where that hour puts them. A
+``compressed_day`` scenario runs the diurnal curve through the whole run instead
+(``sim.run.scenario_workload``): from 00:00 UTC, one day per run, so every
+region's evening peak passes while the fleet-wide load stays at ``load``
+(``sim.regional_load`` says why and reports each region's curve).
 """
 
 from __future__ import annotations
@@ -67,6 +74,8 @@ class Scenario:
     events: tuple[FleetEvent, ...] = ()
     crowd: CrowdSpec | None = None
     flood: FloodSpec | None = None
+    # The run is one whole day of the diurnal curve (module docstring).
+    compressed_day: bool = False
 
 
 def _steady(load: float) -> Scenario:
@@ -75,11 +84,23 @@ def _steady(load: float) -> Scenario:
     )
 
 
+def _day(load: float) -> Scenario:
+    return Scenario(
+        f"day-{round(load * 100)}",
+        f"a whole day compressed into the run at {load:.0%} of fleet capacity: "
+        "each region's clients peak in turn",
+        load,
+        compressed_day=True,
+    )
+
+
 SCENARIOS: tuple[Scenario, ...] = (
     _steady(0.5),
     _steady(0.7),
     _steady(0.9),
     _steady(0.95),
+    _day(0.7),
+    _day(0.9),
     Scenario(
         "flash-crowd",
         "one region's clients at 3x for 60 s, on a fleet at 60% load",

@@ -15,6 +15,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from sim.regional_load import load_table
 from sim.results import PolicyResult, RunResults, ScenarioResult
 
 ORACLE = "oracle"
@@ -271,6 +272,8 @@ def render_markdown(run: RunResults, images: Sequence[str], *, note: str = "") -
         if s.events:
             parts += ["", "Events:", *(f"- {at:.0f} s: {escape(label)}" for at, label in s.events)]
         parts += ["", scenario_table(s)]
+        if s.regional_load is not None:
+            parts += ["", "**Offered load ÷ capacity by region**", "", load_table(s.regional_load)]
         for title, table in (("Tenants", tenant_table(s)), ("Flash crowd", herding_table(s))):
             if table:
                 parts += ["", f"**{title}**", "", table]
