@@ -4,7 +4,8 @@ The workload's ``Mixer`` gives every city's rate at every time, piecewise consta
 between diurnal steps and boost edges (``sim.arrivals``). A city's requests count
 against its nearest region, the one of least estimated RTT (first on a tie), as the
 simulator's home region does (``sim.run.Geography``); a region's capacity is
-``sim.capacity.fleet_capacity_rps`` over its GPUs for the workload's mean request.
+``sim.capacity.fleet_capacity_rps`` over its GPUs for the workload's mean request
+(the basis ``sim.run.arrival_rate`` turns a load into a rate on).
 Above 1 a region cannot serve its own clients whatever the routing does: the rest
 must spill to other regions or queue.
 
@@ -56,7 +57,10 @@ class RegionalLoad:
     fleet_mean: float
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        """Plain JSON types; a region with no capacity reads "inf" (JSON has no
+        infinity, and ``float`` reads the text back in ``from_json``)."""
+        out: dict[str, Any] = _finite_or_text(asdict(self))
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> RegionalLoad:
@@ -69,6 +73,16 @@ class RegionalLoad:
             peak_at_s={k: float(v) for k, v in data["peak_at_s"].items()},
             fleet_mean=float(data["fleet_mean"]),
         )
+
+
+def _finite_or_text(value: Any) -> Any:
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if isinstance(value, dict):
+        return {k: _finite_or_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite_or_text(v) for v in value]
+    return value
 
 
 def nearest_region(origin: GeoPoint, locations: Mapping[str, GeoPoint]) -> str:
@@ -114,7 +128,10 @@ def regional_load(
     ``rate_rps``, diurnal curve and boosts) on ``topology``'s GPUs."""
     if not (duration_s > 0 and math.isfinite(duration_s)) or points < 1:
         raise ValueError(f"needs duration_s > 0 and points >= 1, got {duration_s}, {points}")
-    prompt, output = workload.shape.prompt.mean, workload.shape.output.mean
+    # The basis ``sim.run.arrival_rate`` sets the rate on (the tests hold the two to it):
+    # the mean prompt, and the mean output the GPUs generate, cut at the clients' caps.
+    shape = workload.shape
+    prompt, output = shape.prompt.mean, workload.caps.mean_output(shape.output.table)
     regions = [r.name for r in topology.regions]
     own = {r.name: [g for z in r.zones for g in z.gpus] for r in topology.regions}
     capacity = {name: fleet_capacity_rps(own[name], prompt, output) for name in regions}
@@ -139,7 +156,7 @@ def regional_load(
             offered[home] += workload.rate_rps * share
         offered_total += sum(offered.values()) * (end - start)
         for name in regions:
-            ratio = offered[name] / capacity[name] if capacity[name] > 0 else math.inf
+            ratio = _share(offered[name], capacity[name])
             if ratio > peak[name]:
                 peak[name], peak_at[name] = ratio, start
             _spread(series[name], ratio, start, end, slice_s)
@@ -153,6 +170,13 @@ def regional_load(
         peak_at_s=peak_at,
         fleet_mean=offered_total / duration_s / fleet_capacity if fleet_capacity else math.inf,
     )
+
+
+def _share(offered: float, capacity: float) -> float:
+    """Offered ÷ capacity; a region with no capacity reads inf when offered anything."""
+    if capacity > 0:
+        return offered / capacity
+    return math.inf if offered > 0 else 0.0
 
 
 def _spread(slices: list[float], value: float, start: float, end: float, slice_s: float) -> None:

@@ -4,6 +4,7 @@ JSON round trip (results written before it existed read back as None)."""
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
@@ -64,6 +65,14 @@ def test_json_round_trips(load: RegionalLoad) -> None:
     back = RunResults.from_json(json.loads(json.dumps(run.to_json())))
     assert back == run
     assert back.scenarios[0].regional_load == load
+
+
+def test_a_region_without_capacity_round_trips_as_plain_json(load: RegionalLoad) -> None:
+    load.capacity_rps["ap-southeast"] = 0.0
+    load.series["ap-southeast"] = [math.inf] * 4
+    load.peak["ap-southeast"] = math.inf
+    text = json.dumps(result(load).to_json(), allow_nan=False)
+    assert RunResults.from_json(json.loads(text)).scenarios[0].regional_load == load
 
 
 def test_results_without_it_read_back_as_none(load: RegionalLoad) -> None:
