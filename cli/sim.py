@@ -2,7 +2,7 @@
 
 meridian sim fleet --gpus 1024 --regions 6 [--seed 1] [--out fleet.yaml]
 meridian sim run [--fleet fleet.yaml | --gpus 1024 --regions 6] [--workload conversation]
-                 [--scenarios steady-90,flash-crowd] [--policies meridian,round_robin,oracle]
+                 [--scenarios steady-90,flash-crowd] [--policies meridian,round_robin,bound]
                  [--requests 200000] [--seed 1] [--jobs 2] [--out bench/results/fleet] [--quick]
                  [--native]
 
@@ -29,6 +29,7 @@ from cli.options import HelpFormatter
 from common.config.node import ConfigError
 from common.config.topology import Topology, load_topology, topology_from_mapping
 from common.observability.logs import LEVEL_ENV, LogSettings
+from sim.caps import parse_caps
 from sim.native import NativeError, compiled_modules, run_native
 
 if TYPE_CHECKING:
@@ -59,11 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     run = sub.add_parser("run", help=what, description=what, formatter_class=HelpFormatter)
     _fleet_options(run)
     run.add_argument("--fleet", help="a topology YAML to simulate instead of a generated fleet")
-    run.add_argument(
-        "--workload",
-        default="conversation",
-        help="conversation, code, or a CSV trace in the Azure format",
-    )
+    _workload_options(run)
     run.add_argument("--scenarios", default="all", help="comma-separated names, or 'all'")
     run.add_argument("--policies", default="all", help="comma-separated names, or 'all'")
     run.add_argument(
@@ -95,6 +92,27 @@ def _parser() -> argparse.ArgumentParser:
         f"{QUICK['requests']} requests per run",
     )
     return parser
+
+
+def _workload_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--workload",
+        default="conversation",
+        help="conversation, code, or a CSV trace in the Azure format",
+    )
+    p.add_argument(
+        "--max-tokens",
+        default="default",
+        help="how clients set max_tokens: 'default' (a mix of none, 256, 1024 and 4096), "
+        "a number, 'none' (the server's limit), a mix such as 'none:0.5,1024:0.5', or "
+        "'exact' (each asks for its answer's true length: clairvoyant, a reference only)",
+    )
+    p.add_argument(
+        "--models",
+        default=None,
+        help="the models requests ask for, as 'name:weight,...' (default: every model the "
+        "topology serves, by its GPU count); each must be served by the topology",
+    )
 
 
 def _fleet_options(p: argparse.ArgumentParser) -> None:
@@ -171,11 +189,12 @@ def _names(text: str, known: list[str], what: str) -> list[str]:
 
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     from cli.sim_progress import simulate
+    from sim.bound import BOUND
     from sim.deployment import SimSettings
     from sim.measure import Slo
     from sim.policies import POLICY_SETS
     from sim.report import RunResults, ScenarioResult, write_results
-    from sim.run import RunSpec
+    from sim.run import Geography, RunSpec, scenario_workload
     from sim.scenarios import SCENARIOS
 
     if args.quick:
@@ -186,7 +205,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         raise ValueError(f"--requests must be at least 1, got {args.requests}")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
-    policies = _names(args.policies, list(POLICY_SETS), "policies")
+    policies = _names(args.policies, [*POLICY_SETS, BOUND], "policies")
     scenarios = [
         s
         for s in SCENARIOS
@@ -194,6 +213,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     ]
     topology = _topology(args)
     workload, trace = _workload(args.workload, args.seed)
+    workload = replace(workload, caps=parse_caps(args.max_tokens), models=_models(args.models))
     base = RunSpec(
         topology=topology,
         workload=workload,
@@ -205,6 +225,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         settings=SimSettings(propagation_s=args.propagation_ms / 1000.0),
         slo=Slo(ttft_s=args.slo_ttft, e2e_s=args.slo_e2e),
     )
+    scenario_workload(base, Geography(topology))  # a model no GPU serves fails here, at once
     specs = [replace(base, scenario=s, policy=p) for s in scenarios for p in policies]
     started = time.monotonic()
     with tiers_logging_at(sim_log_level(os.environ)):
@@ -261,6 +282,23 @@ def tiers_logging_at(level: str) -> Iterator[None]:
         root.setLevel(before)
 
 
+def _models(text: str | None) -> tuple[tuple[str, float], ...]:
+    """``--models``: ``name:weight`` pairs (a weight left out is 1); () when not given."""
+    if text is None:
+        return ()
+    out = []
+    for part in text.split(","):
+        name, _, weight = part.strip().partition(":")
+        try:
+            value = float(weight) if weight else 1.0
+        except ValueError:
+            raise ValueError(f"--models: {part.strip()!r} is not NAME[:WEIGHT]") from None
+        if not name or not value > 0:
+            raise ValueError(f"--models: {part.strip()!r} needs a name and a weight > 0")
+        out.append((name, value))
+    return tuple(out)
+
+
 def _workload(name: str, seed: int) -> tuple[Any, Path | None]:
     from sim.shapes import CODE, CONVERSATION
     from sim.workload import WorkloadSpec
@@ -283,6 +321,8 @@ def _meta(
         "regions": [r.name for r in topology.regions],
         "zones": sum(len(r.zones) for r in topology.regions),
         "workload": args.workload,
+        "max_tokens": parse_caps(args.max_tokens).label,
+        "models": args.models or "every model the topology serves, by GPU count",
         "requests_per_run": args.requests,
         "seed": args.seed,
         "policies": policies,

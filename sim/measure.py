@@ -13,8 +13,12 @@ Choices the figures rest on:
   integrals (busy time, slots, prompt and cached tokens) are cumulative, so
   utilisation and the prefix hit rate cover the whole run: ``busy_s / duration_s``;
   ``loaded_shares`` (``sim.busy_window``) gives utilisation while the load lasts.
-- Percentiles are exact over the served requests; goodput is a share of the
-  *offered* requests, so a failed request counts against it.
+- Latency percentiles (the run's and each tenant's) are exact over every
+  *offered* request, a failed one counting as infinitely late: with more than 1 %
+  failed the P99 is inf, which reports print as "failed". Goodput is a share of
+  the offered requests too. The timeline's windowed P99 (and so the recovery
+  time) is over the served requests of each window; its failures are counted
+  beside it.
 - The RTT added by leaving home is ``rtt_ms`` minus the RTT from the client's city
   to its home region: ``rtt_home_ms(city, home_region)`` when given, else the
   least RTT seen from that city (its requests served at home set it).
@@ -254,6 +258,11 @@ class Recorder:
 
     def _latency(self, offered: int) -> _Latency:
         ttft, e2e = sorted(self._ttft), sorted(self._e2e)
+        good_ttft = bisect.bisect_right(ttft, self.slo.ttft_s)
+        good_e2e = bisect.bisect_right(e2e, self.slo.e2e_s)
+        failed = [math.inf] * len(self._f_at)
+        ttft += failed
+        e2e += failed
         return {
             "ttft_p50_s": percentile(ttft, 0.5),
             "ttft_p90_s": percentile(ttft, 0.9),
@@ -261,8 +270,8 @@ class Recorder:
             "e2e_p50_s": percentile(e2e, 0.5),
             "e2e_p90_s": percentile(e2e, 0.9),
             "e2e_p99_s": percentile(e2e, 0.99),
-            "goodput_ttft": _share(bisect.bisect_right(ttft, self.slo.ttft_s), offered),
-            "goodput_e2e": _share(bisect.bisect_right(e2e, self.slo.e2e_s), offered),
+            "goodput_ttft": _share(good_ttft, offered),
+            "goodput_e2e": _share(good_e2e, offered),
         }
 
     def _tenants(self, fault_counts: Counter[int]) -> tuple[dict[str, TenantStats], int]:
@@ -286,9 +295,11 @@ class Recorder:
         out = {}
         for i, name in enumerate(names):
             values = sorted(e2e[i])
-            offered = len(values) + failed[i]
+            served = len(values)
+            values += [math.inf] * failed[i]
+            offered = len(values)
             out[name] = TenantStats(
-                served=len(values),
+                served=served,
                 failed=failed[i],
                 e2e_p99_s=percentile(values, 0.99),
                 goodput=_share(good[i], offered),

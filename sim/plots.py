@@ -6,7 +6,7 @@
   steady load;
 - ``timeline_<scenario>.png`` for each scenario with events: the windowed e2e P99
   over time per policy with the events marked, and the regions' shares of the
-  traffic under Meridian and under the oracle.
+  traffic under Meridian and under the greedy clairvoyant reference.
 
 Figures are drawn on ``matplotlib.figure.Figure`` with the Agg canvas directly, so
 nothing touches pyplot's global state or the process's backend.
@@ -14,12 +14,13 @@ nothing touches pyplot's global state or the process's backend.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sim.results import PolicyResult, RunResults, ScenarioResult
-from sim.tables import GREEDY, ordered_policies, slug, steady_scenarios
+from sim.tables import BOUND, GREEDY, ordered_policies, slug, steady_scenarios
 
 MERIDIAN = "meridian"
 DPI = 100
@@ -49,7 +50,8 @@ def _colours(names: Sequence[str]) -> dict[str, Any]:
     from matplotlib import colormaps
 
     cmap = colormaps[CMAP]
-    return {name: "black" if name == GREEDY else cmap(i % 10) for i, name in enumerate(names)}
+    fixed = {BOUND: "black", GREEDY: "grey"}
+    return {name: fixed.get(name, cmap(i % 10)) for i, name in enumerate(names)}
 
 
 def write_plots(out_dir: Path, run: RunResults) -> list[Path]:
@@ -73,7 +75,9 @@ def latency_vs_load(path: Path, steady: Sequence[ScenarioResult]) -> Path:
     for name in names:
         points = [(s.load * 100, s.policies[name]) for s in steady if name in s.policies]
         for field, style, label in (("e2e_p99_s", "-", name), ("e2e_p50_s", "--", None)):
-            xy = [(x, getattr(r, field)) for x, r in points if getattr(r, field) is not None]
+            # A percentile among the failures (inf) has no point: the table says "∞".
+            values = [(x, getattr(r, field)) for x, r in points]
+            xy = [(x, v) for x, v in values if v is not None and math.isfinite(v)]
             if xy:
                 ax.plot(
                     *zip(*xy, strict=True),

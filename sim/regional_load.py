@@ -27,6 +27,7 @@ from common.basics.geo import GeoPoint, rtt_estimate_ms
 from sim.arrivals import DIURNAL_STEPS_PER_DAY, Mixer
 from sim.capacity import fleet_capacity_rps
 from sim.geography import City
+from sim.stats import infinite_as_text
 
 if TYPE_CHECKING:
     from common.config.topology import Topology
@@ -59,7 +60,7 @@ class RegionalLoad:
     def to_json(self) -> dict[str, Any]:
         """Plain JSON types; a region with no capacity reads "inf" (JSON has no
         infinity, and ``float`` reads the text back in ``from_json``)."""
-        out: dict[str, Any] = _finite_or_text(asdict(self))
+        out: dict[str, Any] = infinite_as_text(asdict(self))
         return out
 
     @classmethod
@@ -73,16 +74,6 @@ class RegionalLoad:
             peak_at_s={k: float(v) for k, v in data["peak_at_s"].items()},
             fleet_mean=float(data["fleet_mean"]),
         )
-
-
-def _finite_or_text(value: Any) -> Any:
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    if isinstance(value, dict):
-        return {k: _finite_or_text(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite_or_text(v) for v in value]
-    return value
 
 
 def nearest_region(origin: GeoPoint, locations: Mapping[str, GeoPoint]) -> str:
@@ -128,10 +119,7 @@ def regional_load(
     ``rate_rps``, diurnal curve and boosts) on ``topology``'s GPUs."""
     if not (duration_s > 0 and math.isfinite(duration_s)) or points < 1:
         raise ValueError(f"needs duration_s > 0 and points >= 1, got {duration_s}, {points}")
-    # The basis ``sim.run.arrival_rate`` sets the rate on (the tests hold the two to it):
-    # the mean prompt, and the mean output the GPUs generate, cut at the clients' caps.
-    shape = workload.shape
-    prompt, output = shape.prompt.mean, workload.caps.mean_output(shape.output.table)
+    prompt, output = workload.mean_tokens()
     regions = [r.name for r in topology.regions]
     own = {r.name: [g for z in r.zones for g in z.gpus] for r in topology.regions}
     capacity = {name: fleet_capacity_rps(own[name], prompt, output) for name in regions}

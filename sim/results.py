@@ -15,6 +15,7 @@ from dataclasses import MISSING, asdict, dataclass, fields
 from typing import Any
 
 from sim.regional_load import RegionalLoad
+from sim.stats import infinite_as_text, infinite_from_text
 
 # The figures ``ratio_to`` compares with the oracle's, in the order reports use.
 HEADLINE: tuple[str, ...] = (
@@ -159,10 +160,12 @@ class PolicyResult:
         return out
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        out: dict[str, Any] = infinite_as_text(asdict(self))
+        return out
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> PolicyResult:
+        data = infinite_from_text(data)
         known = {f.name for f in fields(cls)}
         required = {f.name for f in fields(cls) if f.default is MISSING}
         unknown = sorted(set(data) - known)

@@ -2,9 +2,16 @@
 
 Every policy of a comparison gets the same arrivals (the workload's stream for
 one seed) and the same fleet events; only the routing differs. A tiered policy
-routes through a ``SimDeployment`` (``sim.flow``); the oracle dispatches over
-the same ``SimGpu`` models directly (``sim.oracle``). Arrivals are fed as they
-fall due, so at most the requests in flight are held in memory.
+routes through a ``SimDeployment`` (``sim.flow``); the greedy clairvoyant
+reference dispatches over the same ``SimGpu`` models directly (``sim.greedy``);
+the ``bound`` row is computed per request with no GPU simulated (``sim.bound``).
+Arrivals are fed as they fall due, so at most the requests in flight are held in
+memory.
+
+Requests ask for the models the topology serves: the workload's ``models`` mix
+when it names one (each must be served), else every served model in proportion
+to the GPUs serving it. A run in which a policy serves no request fails, naming
+the policy and how its requests ended: a comparison of nothing is no result.
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ from typing import Any
 
 from common.basics.geo import GeoPoint, rtt_estimate_ms
 from common.config.topology import Topology
+from sim.bound import BOUND, LowerBound
 from sim.busy_window import BusyWindow
 from sim.capacity import fleet_capacity_rps
 from sim.clock import run_simulated
@@ -26,11 +34,12 @@ from sim.deployment import SimDeployment, SimSettings
 from sim.flash import Crowd
 from sim.flow import RequestFlow
 from sim.gpu_model import SimGpu
+from sim.greedy import GreedyClairvoyant, PlacedGpu
 from sim.measure import PolicyResult, Recorder, Slo
-from sim.oracle import Oracle, PlacedGpu
-from sim.policies import ORACLE, policy_set
+from sim.policies import GREEDY, policy_set
 from sim.requests import SimRequest
 from sim.scenarios import Scenario, apply, target_region
+from sim.stats import cumulative_shares
 from sim.workload import Boost, WorkloadSpec, generate
 
 Progress = Callable[[int], None]
@@ -73,9 +82,7 @@ class Geography:
 
 def arrival_rate(spec: RunSpec) -> float:
     """The scenario's load as requests per second of this fleet and workload."""
-    # Only the means: the shared-prefix fraction mean_request_shape also measures
-    # (by drawing 50 000 requests) plays no part in capacity.
-    prompt, output = spec.workload.shape.prompt.mean, spec.workload.shape.output.mean
+    prompt, output = spec.workload.mean_tokens()
     gpus = [g for r in spec.topology.regions for z in r.zones for g in z.gpus]
     return spec.scenario.load * fleet_capacity_rps(gpus, prompt, output)
 
@@ -104,6 +111,7 @@ def scenario_workload(spec: RunSpec, geography: Geography) -> WorkloadSpec:
         start_utc, day_s = 0.0, duration
     return replace(
         spec.workload,
+        models=workload_models(spec.workload.models, spec.topology),
         rate_rps=rate,
         max_requests=spec.requests,
         # The run is its requests, however long they take to arrive (the workload's
@@ -116,16 +124,37 @@ def scenario_workload(spec: RunSpec, geography: Geography) -> WorkloadSpec:
     )
 
 
+def workload_models(
+    asked: tuple[tuple[str, float], ...], topology: Topology
+) -> tuple[tuple[str, float], ...]:
+    """The model mix requests draw from: ``asked`` when given (ValueError naming a model
+    no GPU serves), else every model the topology serves, by its GPU count."""
+    served = topology.models
+    if not served:
+        raise ValueError("the topology serves no model: none of its GPUs lists one")
+    for model, _ in asked:
+        if model not in served:
+            raise ValueError(
+                f"the workload asks for model {model!r}, which no GPU of the topology "
+                f"serves; it serves: {', '.join(sorted(served))}"
+            )
+    if asked:
+        return asked
+    gpus = [g for r in topology.regions for z in r.zones for g in z.gpus]
+    return tuple((m, float(sum(m in g.models for g in gpus))) for m in sorted(served))
+
+
 def run(spec: RunSpec, progress: Progress | None = None) -> PolicyResult:
     """Simulate ``spec`` to the last request's end; the recorder's result."""
     return run_with_events(spec, progress)[0]
 
 
 def run_with_events(
-    spec: RunSpec, progress: Progress | None = None
+    spec: RunSpec, progress: Progress | None = None, recorder: Recorder | None = None
 ) -> tuple[PolicyResult, list[tuple[float, str]]]:
-    """``run``, and the scenario's events as (simulated time, label)."""
-    return run_simulated(_run(spec, progress))
+    """``run``, and the scenario's events as (simulated time, label). ``recorder``: the
+    one to report to (default: one at ``spec``'s SLO and warm-up)."""
+    return run_simulated(_run(spec, progress, recorder))
 
 
 def _arrivals(spec: RunSpec, geography: Geography) -> tuple[Iterator[SimRequest], float]:
@@ -133,30 +162,86 @@ def _arrivals(spec: RunSpec, geography: Geography) -> tuple[Iterator[SimRequest]
     if spec.trace is not None:
         from sim.trace_csv import read_trace  # only a replay needs the CSV reader
 
-        replay = list(itertools.islice(read_trace(spec.trace, seed=spec.seed), spec.requests))
+        models = workload_models(spec.workload.models, spec.topology)
+        trace = read_trace(spec.trace, seed=spec.seed, model=models[0][0], caps=spec.workload.caps)
+        replay = list(itertools.islice(trace, spec.requests))
         if not replay:
             raise ValueError(f"{spec.trace}: the trace holds no request")
+        if len(models) > 1:
+            replay = _spread_models(replay, models, spec.seed)
         return iter(replay), max(replay[-1].at_s, 1e-3)
     workload = scenario_workload(spec, geography)
     return generate(workload), spec.requests / workload.rate_rps
 
 
+def _spread_models(
+    replay: list[SimRequest], models: tuple[tuple[str, float], ...], seed: int
+) -> list[SimRequest]:
+    """A trace's requests, each asking for a model drawn from ``models`` (a trace names
+    none)."""
+    shares = cumulative_shares(models)
+    rng = random.Random(f"models:{seed}")
+    out = []
+    for req in replay:
+        u = rng.random()
+        out.append(replace(req, model=next(m for share, m in shares if u < share)))
+    return out
+
+
+def _bound_result(
+    spec: RunSpec,
+    arrivals: Iterator[SimRequest],
+    duration: float,
+    recorder: Recorder,
+    progress: Progress | None,
+) -> PolicyResult:
+    """The lower bound of every request (``sim.bound``), recorded as a policy's would be."""
+    bound = LowerBound(spec.topology, rtt_estimate_ms)
+    geography = Geography(spec.topology)
+    end, n = duration, 0
+    for n, req in enumerate(arrivals, 1):
+        if progress is not None and n % 1000 == 0:
+            progress(n)
+        floor = bound.latency(req)
+        recorder.served(
+            req,
+            region=floor.region,
+            zone="",
+            gpu="",
+            home_region=geography.home(req.origin),
+            rtt_ms=floor.rtt_ms,
+            ttft_s=floor.ttft_s,
+            e2e_s=floor.e2e_s,
+            cached_tokens=0,
+            attempts=1,
+        )
+        end = max(end, req.at_s + floor.e2e_s)
+    if progress is not None and n % 1000:
+        progress(n)
+    return recorder.finish([], duration_s=end, events=_event_labels(spec, duration))
+
+
 async def _run(
-    spec: RunSpec, progress: Progress | None
+    spec: RunSpec, progress: Progress | None, recorder: Recorder | None
 ) -> tuple[PolicyResult, list[tuple[float, str]]]:
     loop = asyncio.get_running_loop()
     geography = Geography(spec.topology)
     arrivals, duration = _arrivals(spec, geography)
-    recorder = Recorder(slo=spec.slo, warmup_s=spec.warmup_fraction * duration)
+    if recorder is None:
+        recorder = Recorder(slo=spec.slo, warmup_s=spec.warmup_fraction * duration)
+    if spec.policy == BOUND:
+        return _bound_result(spec, arrivals, duration, recorder, progress), _event_labels(
+            spec, duration
+        )
     deployment: SimDeployment | None = None
-    if spec.policy == ORACLE:
+    if spec.policy == GREEDY:
         gpus = [
             PlacedGpu(SimGpu(g, loop, time_scale=spec.topology.time_scale), r.name, z.name)
             for r in spec.topology.regions
             for z in r.zones
             for g in z.gpus
         ]
-        oracle = Oracle(gpus, geography.rtt_ms, recorder, geography.home)
+        oracle = GreedyClairvoyant(gpus, geography.rtt_ms, recorder, geography.home)
         serve: Serve = oracle.serve
         sim_gpus = [p.gpu for p in gpus]
     else:
@@ -188,6 +273,13 @@ async def _run(
         crowd=crowd,
         loaded_shares=loaded.shares,
     )
+    if result.offered and not result.served:
+        codes = ", ".join(f"{code} {n}" for code, n in result.failed.items())
+        raise RuntimeError(
+            f"policy {spec.policy!r} served none of the {result.offered} requests in "
+            f"scenario {spec.scenario.name!r} ({codes}): check that its pickers may route "
+            "to the topology's regions and that the GPUs serve the requests' models"
+        )
     return result, events
 
 
@@ -199,11 +291,14 @@ def _schedule_events(
     loop: asyncio.AbstractEventLoop,
 ) -> list[tuple[float, str]]:
     rng = random.Random(spec.seed ^ 0x5EED)
-    out = []
     for event in spec.scenario.events:
-        at = event.at * duration
-        loop.call_at(at, apply, event, spec.topology, gpus, deployment, rng)
-        out.append((at, event.label(spec.topology)))
+        loop.call_at(event.at * duration, apply, event, spec.topology, gpus, deployment, rng)
+    return _event_labels(spec, duration)
+
+
+def _event_labels(spec: RunSpec, duration: float) -> list[tuple[float, str]]:
+    """The scenario's events as (simulated time, label), boosts included."""
+    out = [(e.at * duration, e.label(spec.topology)) for e in spec.scenario.events]
     crowd, flood = spec.scenario.crowd, spec.scenario.flood
     if crowd is not None:
         out.append((crowd.at * duration, f"flash crowd {crowd.factor:g}x"))

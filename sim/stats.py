@@ -2,18 +2,20 @@
 
 Percentiles are exact (linear interpolation between order statistics, the
 "inclusive" definition of ``statistics.quantiles`` and numpy's default), never
-read off a histogram. ``window_percentile`` gets the same figure for a window of
-time buckets from each bucket's largest values only, so a sliding P99 over a
-million requests costs one sort per bucket rather than one per window.
+read off a histogram, and take ``math.inf`` for a request that failed (it never
+completed: infinitely late), so a percentile among the failures reads inf.
+``window_percentile`` gets the same figure for a window of time buckets from each
+bucket's largest values only, so a sliding P99 over a million requests costs one
+sort per bucket rather than one per window.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -28,7 +30,10 @@ def percentile(ordered: Sequence[float], q: float) -> float | None:
     if lo >= n - 1:
         return float(ordered[n - 1])
     frac = pos - lo
-    return float(ordered[lo] + (ordered[lo + 1] - ordered[lo]) * frac)
+    a, b = ordered[lo], ordered[lo + 1]
+    if b == math.inf:  # failures count as infinitely late: between one and a time, inf
+        return float(a) if frac == 0 else math.inf
+    return float(a + (b - a) * frac)
 
 
 def tail_needed(n: int, q: float) -> int:
@@ -138,3 +143,30 @@ def cumulative_shares(weighted: Sequence[tuple[T, float]]) -> list[tuple[float, 
     if out:
         out[-1] = (1.0, out[-1][1])
     return out
+
+
+# An infinite figure in JSON (a percentile among failed requests, a region with no
+# capacity): plain JSON has no infinity.
+INFINITE = "inf"
+
+
+def infinite_as_text(value: Any) -> Any:
+    """``value`` (JSON types) with every infinite float as ``INFINITE``."""
+    if isinstance(value, float) and math.isinf(value):
+        return INFINITE
+    if isinstance(value, dict):
+        return {k: infinite_as_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [infinite_as_text(v) for v in value]
+    return value
+
+
+def infinite_from_text(value: Any) -> Any:
+    """``infinite_as_text`` undone."""
+    if value == INFINITE:
+        return math.inf
+    if isinstance(value, Mapping):
+        return {k: infinite_from_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [infinite_from_text(v) for v in value]
+    return value

@@ -1,10 +1,12 @@
 """``fleet.md``: a run's results as GitHub Markdown tables.
 
-One table per scenario (a row per policy, the oracle last as the lower bound)
-and a headline table across the steady-load scenarios. In every column with a
-clear direction the best value among the policies other than the oracle is in
-bold (ties all bold); the cross-region share has no better direction, so it is
-never bold.
+One table per scenario (a row per policy, then the references: the lower
+``bound`` and the ``greedy_clairvoyant`` placement) and a headline table across
+the steady-load scenarios. Every policy's TTFT and e2e P99 are also shown as ×
+the bound. In every column with a clear direction the best value among the
+policies (never a reference) is in bold (ties all bold); the cross-region share
+has no better direction, so it is never bold. A percentile that falls among the
+failed requests (infinitely late) prints as "∞".
 """
 
 from __future__ import annotations
@@ -12,19 +14,24 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 
 from sim.regional_load import load_table
 from sim.results import PolicyResult, RunResults, ScenarioResult
 
-ORACLE = "oracle"
+BOUND = "bound"
+GREEDY = "greedy_clairvoyant"
+# Rows that are not routers: shown last, never bold, named for what they are.
+REFERENCES = {BOUND: "lower bound", GREEDY: "clairvoyant reference, not a bound"}
 STEADY = "steady"
 
 
 def seconds(value: float | None) -> str:
     if value is None or math.isnan(value):
         return "–"
+    if math.isinf(value):
+        return "∞"
     if value < 1.0:
         return f"{value * 1000:.0f} ms"
     return f"{value:.2f} s" if value < 10 else f"{value:.1f} s"
@@ -43,7 +50,9 @@ def millis(value: float | None) -> str:
 
 
 def ratio(value: float | None) -> str:
-    return "–" if value is None or math.isnan(value) else f"{value:.2f}×"
+    if value is None or math.isnan(value):
+        return "–"
+    return "∞" if math.isinf(value) else f"{value:.2f}×"
 
 
 def recovery_text(result: PolicyResult) -> str:
@@ -62,7 +71,7 @@ def recovery_key(result: PolicyResult) -> float | None:
 
 @dataclass(frozen=True)
 class Column:
-    """A table column: its header, its value (given the result and the oracle's), how
+    """A table column: its header, its value (given the result and the bound's), how
     the value prints (or, with ``show``, how the result does), which way is better."""
 
     header: str
@@ -72,8 +81,12 @@ class Column:
     show: Callable[[PolicyResult], str] | None = None
 
 
-def p99_vs_oracle(r: PolicyResult, oracle: PolicyResult | None) -> float | None:
-    return r.ratio_to(oracle)["e2e_p99_s"] if oracle else None
+def _vs_bound(name: str) -> Callable[[PolicyResult, PolicyResult | None], float | None]:
+    return lambda r, bound: r.ratio_to(bound)[name] if bound else None
+
+
+def failed_share(r: PolicyResult, _: PolicyResult | None) -> float | None:
+    return r.failed_total / r.offered if r.offered else None
 
 
 def _recovery_value(r: PolicyResult, _: PolicyResult | None) -> float | None:
@@ -87,9 +100,12 @@ def _field(name: str) -> Callable[[PolicyResult, PolicyResult | None], float | N
 COLUMNS: tuple[Column, ...] = (
     Column("TTFT P50", _field("ttft_p50_s"), seconds, "low"),
     Column("TTFT P99", _field("ttft_p99_s"), seconds, "low"),
+    Column("TTFT P99 ×bound", _vs_bound("ttft_p99_s"), ratio, "low"),
     Column("e2e P50", _field("e2e_p50_s"), seconds, "low"),
     Column("e2e P90", _field("e2e_p90_s"), seconds, "low"),
     Column("e2e P99", _field("e2e_p99_s"), seconds, "low"),
+    Column("e2e P99 ×bound", _vs_bound("e2e_p99_s"), ratio, "low"),
+    Column("failed", failed_share, percent, "low"),
     Column("goodput", _field("goodput"), percent, "high"),
     Column("util mean", _field("util_mean"), percent, "high"),
     Column("util loaded", _field("util_loaded_mean"), percent, "high"),
@@ -98,20 +114,24 @@ COLUMNS: tuple[Column, ...] = (
     Column("cross-region", _field("cross_region_share"), percent, None),
     Column("added RTT", _field("added_rtt_ms"), millis, "low"),
     Column("recovery", _recovery_value, seconds, "low", show=recovery_text),
-    Column("e2e P99 ×oracle", p99_vs_oracle, ratio, "low"),
 )
 
 
-def bold_best(values: Sequence[float | None], better: str | None, skip: int | None) -> list[bool]:
-    """Which entries to bold: those equal to the best known value, ignoring entry ``skip``."""
-    known = [v for i, v in enumerate(values) if i != skip and v is not None and not math.isnan(v)]
+def bold_best(
+    values: Sequence[float | None], better: str | None, skip: Collection[int] = ()
+) -> list[bool]:
+    """Which entries to bold: those equal to the best known value, ignoring the entries
+    in ``skip`` (the references)."""
+    known = [
+        v for i, v in enumerate(values) if i not in skip and v is not None and not math.isnan(v)
+    ]
     if better is None or not known:
         return [False] * len(values)
     best = min(known) if better == "low" else max(known)
     if math.isinf(best):
         return [False] * len(values)
     return [
-        i != skip and v is not None and math.isclose(v, best, rel_tol=1e-9, abs_tol=1e-12)
+        i not in skip and v is not None and math.isclose(v, best, rel_tol=1e-9, abs_tol=1e-12)
         for i, v in enumerate(values)
     ]
 
@@ -134,23 +154,30 @@ def markdown_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str
     return "\n".join(lines)
 
 
-def ordered_policies(policies: dict[str, PolicyResult]) -> list[str]:
-    """The policies as given, the oracle last."""
-    return [n for n in policies if n != ORACLE] + [n for n in policies if n == ORACLE]
+def ordered_policies(policies: Mapping[str, object]) -> list[str]:
+    """The policies as given, then the references (the bound last)."""
+    routers = [n for n in policies if n not in REFERENCES]
+    return routers + [n for n in (GREEDY, BOUND) if n in policies]
+
+
+def references(names: Sequence[str]) -> set[int]:
+    """Indices of ``names`` that are references, not routers."""
+    return {i for i, n in enumerate(names) if n in REFERENCES}
 
 
 def policy_name(name: str) -> str:
-    return f"*{escape(name)}* (lower bound)" if name == ORACLE else f"`{escape(name)}`"
+    what = REFERENCES.get(name)
+    return f"*{escape(name)}* ({what})" if what else f"`{escape(name)}`"
 
 
 def scenario_table(scenario: ScenarioResult) -> str:
     names = ordered_policies(scenario.policies)
-    oracle = scenario.policies.get(ORACLE)
-    skip = names.index(ORACLE) if oracle else None
+    bound = scenario.policies.get(BOUND)
+    skip = references(names)
     results = [scenario.policies[n] for n in names]
     columns: list[list[str]] = []
     for col in COLUMNS:
-        values = [col.value(r, oracle) for r in results]
+        values = [col.value(r, bound) for r in results]
         bold = bold_best(values, col.better, skip)
         show = col.show
         texts = [show(r) for r in results] if show else [col.text(v) for v in values]
@@ -164,32 +191,33 @@ def steady_scenarios(run: RunResults) -> list[ScenarioResult]:
 
 
 def headline_table(run: RunResults) -> str | None:
-    """Per policy, e2e P99 (and as ×oracle) and goodput at each steady load."""
+    """Per policy at each steady load: TTFT and e2e P99 (each also × the bound) and
+    goodput."""
     steady = steady_scenarios(run)
     if not steady:
         return None
     names = ordered_policies({n: r for s in steady for n, r in s.policies.items()})
-    skip = names.index(ORACLE) if ORACLE in names else None
+    skip = references(names)
     columns: list[list[str]] = []
     headers: list[str] = []
     for s in steady:
-        oracle = s.policies.get(ORACLE)
+        bound = s.policies.get(BOUND)
         results = [s.policies.get(n) for n in names]
-        p99 = [r.e2e_p99_s if r else None for r in results]
+        for figure in ("ttft_p99_s", "e2e_p99_s"):
+            values = [getattr(r, figure) if r else None for r in results]
+            vs = [r.ratio_to(bound)[figure] if r and bound else None for r in results]
+            texts = [
+                seconds(v) + (f" ({ratio(x)})" if x is not None else "")
+                for v, x in zip(values, vs, strict=True)
+            ]
+            bold = bold_best(values, "low", skip)
+            columns.append([cell(t, b) for t, b in zip(texts, bold, strict=True)])
         good = [r.goodput if r else None for r in results]
-        vs = [p99_vs_oracle(r, oracle) if r else None for r in results]
-        texts = [
-            seconds(v) + (f" ({ratio(x)})" if x is not None else "")
-            for v, x in zip(p99, vs, strict=True)
-        ]
-        columns.append(
-            [cell(t, b) for t, b in zip(texts, bold_best(p99, "low", skip), strict=True)]
-        )
         columns.append(
             [cell(percent(g), b) for g, b in zip(good, bold_best(good, "high", skip), strict=True)]
         )
         load = f"{s.load * 100:.0f}%"
-        headers += [f"e2e P99 @ {load}", f"goodput @ {load}"]
+        headers += [f"TTFT P99 @ {load}", f"e2e P99 @ {load}", f"goodput @ {load}"]
     rows = [[policy_name(n), *(c[i] for c in columns)] for i, n in enumerate(names)]
     return markdown_table(["policy", *headers], rows)
 
@@ -223,7 +251,7 @@ def herding_table(scenario: ScenarioResult) -> str | None:
     if not names:
         return None
     herds = [scenario.policies[n].herding for n in names]
-    skip = names.index(ORACLE) if ORACLE in names else None
+    skip = references(names)
     std = [h.share_std if h else None for h in herds]
     swing = [h.max_swing if h else None for h in herds]
     rows = [
@@ -312,10 +340,15 @@ def speed_table(run: RunResults) -> str | None:
 
 
 LEGEND = (
-    "Latencies are client-perceived (RTT included) over the served requests; goodput is the "
-    "share of *offered* requests within both SLOs (failures count against it); utilisation is "
-    "busy time over the run, σ its spread across GPUs in percentage points; added RTT is what "
+    "Latencies are client-perceived (RTT included) over every *offered* request, a failed or "
+    "shed one counting as infinitely late (∞: the percentile falls among the failures; "
+    "*failed* is their share); ×bound divides by the lower bound's figure (`bound`: each "
+    "request alone on the fastest GPU serving its model, nearest region, only its shared "
+    "prefix cached; every policy is at or above it request by request). `greedy_clairvoyant` "
+    "places each request greedily knowing every true length and speed: a reference, not a "
+    "bound. Goodput is the share of offered requests within both SLOs; utilisation is busy "
+    "time over the run, σ its spread across GPUs in percentage points; added RTT is what "
     "requests served away from their home region paid over it; recovery is the time after each "
-    "event until the windowed P99 was back within 1.2× of its value before. **Bold**: the best "
-    "value among the policies other than the oracle."
+    "event until the windowed P99 of the served requests was back within 1.2× of its value "
+    "before. **Bold**: the best value among the routers (never a reference)."
 )

@@ -113,6 +113,12 @@ class WorkloadSpec:
         for i, boost in enumerate(self.boosts):
             _check_boost(self, i, boost)
 
+    def mean_tokens(self) -> tuple[float, float]:
+        """Mean prompt and mean output tokens as the GPUs see them (the output's true
+        lengths cut at the clients' caps): what capacity is counted in. Only the means:
+        the shared-prefix fraction (``mean_request_shape``) plays no part in capacity."""
+        return self.shape.prompt.mean, self.caps.mean_output(self.shape.output.table)
+
     @property
     def cv(self) -> float:
         return self.shape.interarrival_cv if self.interarrival_cv is None else self.interarrival_cv
