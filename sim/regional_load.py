@@ -125,14 +125,7 @@ def regional_load(
     capacity = {name: fleet_capacity_rps(own[name], prompt, output) for name in regions}
     locations = {r.name: r.location for r in topology.regions}
     homes = [nearest_region(c.location, locations) for c in workload.cities]
-    mixer = Mixer(
-        workload.cities,
-        [(t.id, t.weight) for t in workload.tenants],
-        boosts=workload.boosts,
-        diurnal=workload.diurnal,
-        start_utc_hour=workload.start_utc_hour,
-        day_length_s=workload.day_length_s,
-    )
+    mixer = workload.mixer()
     slice_s = duration_s / points
     series = {name: [0.0] * points for name in regions}
     peak = dict.fromkeys(regions, -math.inf)

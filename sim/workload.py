@@ -113,6 +113,18 @@ class WorkloadSpec:
         for i, boost in enumerate(self.boosts):
             _check_boost(self, i, boost)
 
+    def mixer(self) -> Mixer:
+        """Who sends each arrival (``sim.arrivals.Mixer``): cities by weight × the diurnal
+        curve, tenants by weight, this spec's boosts."""
+        return Mixer(
+            self.cities,
+            [(t.id, t.weight) for t in self.tenants],
+            boosts=self.boosts,
+            diurnal=self.diurnal,
+            start_utc_hour=self.start_utc_hour,
+            day_length_s=self.day_length_s,
+        )
+
     def mean_tokens(self) -> tuple[float, float]:
         """Mean prompt and mean output tokens as the GPUs see them (the output's true
         lengths cut at the clients' caps): what capacity is counted in. Only the means:
@@ -226,14 +238,7 @@ class _Stream:
     def __init__(self, spec: WorkloadSpec) -> None:
         self.spec = spec
         self.rng = rng = random.Random(f"content:{spec.seed}")
-        mixer = Mixer(
-            spec.cities,
-            [(t.id, t.weight) for t in spec.tenants],
-            boosts=spec.boosts,
-            diurnal=spec.diurnal,
-            start_utc_hour=spec.start_utc_hour,
-            day_length_s=spec.day_length_s,
-        )
+        mixer = spec.mixer()
         self.arrivals = Arrivals(
             mixer, rate_rps=spec.rate_rps, cv=spec.cv, rng=random.Random(f"arrivals:{spec.seed}")
         )
