@@ -3,18 +3,18 @@
 For every tier the simulator builds what the tier's wiring builds, minus the
 sockets: the global tier's region ``ChildSet`` and ``RankingBalancer`` over the
 policy's region picker (for ``meridian``, ``global_lb.server.region_picker``);
-per region a zone ``ChildSet``, a ``RankingBalancer`` over its zone picker and
-a publisher of ``regional_lb.server.region_summary``; per zone the local tier's
+per region a zone ``ChildSet``, a ``RankingBalancer`` over its zone picker and a
+publisher of ``regional_lb.server.region_summary``; per zone the local tier's
 ``LocalBalancer`` from ``local_lb.server.local_balancer`` (picker, central
 queue, tenant headroom, ejection, readiness), a publisher of
 ``local_lb.server.zone_summary``, and one ``SimGpu`` per GPU. Each tier process
-forwards by the policy its server builds, with a retry budget of its own
-(``SimForwarding``). Every clock is the simulated loop's. What replaces I/O:
-summaries reach the parent's ``take_summary`` after a propagation delay
-(``sim.publishing``); the local tier's metrics scrape reads each ``SimGpu`` on
-the health interval; a tier that is down answers UNAVAILABLE at once, and the
-parent's probe marks it healthy again once it is back (the servers' health
-watch and probe loop).
+forwards with the servers' own loop, a ``Forwarder`` with the policy its server
+builds and a retry budget of its own (``tier_forwarder``). Every clock is the
+simulated loop's. What replaces I/O: summaries reach the parent's
+``take_summary`` after a propagation delay (``sim.publishing``); the local
+tier's metrics scrape reads each ``SimGpu`` on the health interval; a tier that
+is down answers UNAVAILABLE at once, and the parent's probe marks it healthy
+again once it is back (the servers' health watch and probe loop).
 
 The request path through these parts is ``sim.flow``.
 """
@@ -29,9 +29,9 @@ from functools import partial
 from typing import Protocol
 
 from common.config.topology import RegionConfig, Topology, ZoneConfig
-from common.request.balancer import RankingBalancer
+from common.request.balancer import Balancer, RankingBalancer
 from common.request.children import Child, ChildSet
-from common.request.forwarding import ForwardingPolicy
+from common.request.forwarding import Forwarder, ForwardingPolicy
 from common.request.health import GpuCheck
 from common.request.pick import Picker
 from common.request.resilience import RetryBudget
@@ -70,16 +70,35 @@ class SimSettings:
     seed: int = 1
 
 
-@dataclass(eq=False)
-class SimForwarding:
-    """How one tier process forwards to its children: the policy its server builds
-    (failover codes, attempts, per-try timeout) and the retry budget its forwarder
-    keeps (one per process, at the servers' default settings). The simulator runs one
-    process per tier instance: a deployment of N global replicas or ``--workers`` N
-    has N budgets, each with its floor of 3 retries, where this has one."""
+def tier_forwarder(
+    policy: ForwardingPolicy,
+    balancer: Balancer,
+    publisher: SimPublisher | None,
+    clock: Callable[[], float],
+    seed: str,
+) -> Forwarder:
+    """How one tier process forwards to its children: the servers' ``Forwarder`` with
+    the policy the tier's server builds (failover codes, attempts, per-try timeout),
+    its balancer, a retry budget of its own at the servers' default settings and the
+    capacity hint its publisher holds, on the simulated clock. Its back-off jitter
+    draws from a stream of its own (``seed``: the deployment's seed and the tier's
+    name), so it depends on no other part's draws. The simulator runs one process per
+    tier instance: a deployment of N global replicas or ``--workers`` N has N budgets,
+    each with its floor of 3 retries, where this has one."""
 
-    policy: ForwardingPolicy
-    budget: RetryBudget = field(default_factory=RetryBudget)
+    def hint(model: str) -> str | None:
+        for _, value in publisher.hint_trailers(model) if publisher is not None else ():
+            return value
+        return None
+
+    return Forwarder(
+        policy,
+        balancer,
+        budget=RetryBudget(),
+        hint_source=hint,
+        rng=random.Random(seed),
+        clock=clock,
+    )
 
 
 @dataclass(eq=False)
@@ -91,7 +110,7 @@ class SimZone:
     balancer: LocalBalancer
     gpus: dict[str, SimGpu]
     publisher: SimPublisher
-    forwarding: SimForwarding
+    forwarding: Forwarder
     up: bool = True
 
     def __post_init__(self) -> None:
@@ -110,7 +129,7 @@ class SimRegion:
     balancer: RankingBalancer
     local: dict[str, SimZone]
     publisher: SimPublisher
-    forwarding: SimForwarding
+    forwarding: Forwarder
     up: bool = True
 
 
@@ -137,7 +156,9 @@ class SimDeployment:
         self.global_balancer = RankingBalancer(
             self.policies.region_picker(topo, self._rng()), self.regions
         )
-        self.global_forwarding = SimForwarding(global_policy(topo))
+        self.global_forwarding = tier_forwarder(
+            global_policy(topo), self.global_balancer, None, clock, self._seed("global")
+        )
         self.by_region = {r.name: self._region(r) for r in topo.regions}
         self.zones = {z.cfg.name: z for r in self.by_region.values() for z in r.local.values()}
         self.zones_by_gpu = {name: z for z in self.zones.values() for name in z.gpus}
@@ -146,6 +167,9 @@ class SimDeployment:
 
     def _rng(self) -> random.Random:
         return random.Random(self.rng.getrandbits(64))
+
+    def _seed(self, tier: str) -> str:
+        return f"forwarding:{self.settings.seed}:{tier}"
 
     def _region(self, cfg: RegionConfig) -> SimRegion:
         topo = self.topology
@@ -169,7 +193,13 @@ class SimDeployment:
         )
         zones.add_listener(publisher.poke)  # as the tier server wires it
         local = {z.name: self._zone(cfg.name, z, zones) for z in cfg.zones}
-        forwarding = SimForwarding(regional_policy(topo, cfg.name))
+        forwarding = tier_forwarder(
+            regional_policy(topo, cfg.name),
+            balancer,
+            publisher,
+            self.loop.time,
+            self._seed(f"region {cfg.name}"),
+        )
         return SimRegion(cfg, zones, balancer, local, publisher, forwarding)
 
     def _zone(self, region: str, cfg: ZoneConfig, parent: ChildSet) -> SimZone:
@@ -213,7 +243,13 @@ class SimDeployment:
         poke.connect(publisher.poke)
         children.add_listener(publisher.poke)
         gpus = {g.name: SimGpu(g, self.loop, time_scale=topo.time_scale) for g in cfg.gpus}
-        forwarding = SimForwarding(local_policy(topo, cfg.name))
+        forwarding = tier_forwarder(
+            local_policy(topo, cfg.name),
+            balancer,
+            publisher,
+            self.loop.time,
+            self._seed(f"zone {cfg.name}"),
+        )
         return SimZone(region, cfg, balancer, gpus, publisher, forwarding)
 
     # ------------------------------------------------------------------ lifecycle
