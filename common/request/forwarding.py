@@ -203,11 +203,10 @@ class Forwarder:
                         hints.downstream_metadata(pick.origin, n, pick.prefix_blocks), lease, parent
                     )
                     answer = await self._send(attempt, lease, metadata, timeout, attempts)
-                    if answer is None:
-                        continue
-                    result, trailers = answer
-                    route = self.route_of(lease.child, trailers)
-                    return result, route, with_route(trailers, route, self.hint(pick.model))
+                    if answer is not None:  # else failed over: the next child
+                        result, trailers = answer
+                        route = self.route_of(lease.child, trailers)
+                        return result, route, with_route(trailers, route, self.hint(pick.model))
                 finally:
                     self._end_attempt(attempts)
         finally:
