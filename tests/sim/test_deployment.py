@@ -103,7 +103,17 @@ def arrivals(n: int, rate: float, seed: int = 3) -> list[SimRequest]:
         own = tuple(rng.getrandbits(60) for _ in range(rng.randint(1, 30)))
         blocks = shared + own
         out.append(
-            SimRequest(i, t, city, origin, "t", 16 * len(blocks), rng.randint(10, 200), blocks)
+            SimRequest(
+                i,
+                t,
+                city,
+                origin,
+                "t",
+                16 * len(blocks),
+                (length := rng.randint(10, 200)),
+                blocks,
+                max_tokens=length,
+            )
         )
     return out
 
@@ -243,7 +253,7 @@ def test_a_per_try_timeout_moves_a_request_off_a_gpu_slower_than_the_tier_thinks
         slow = max(gpus, key=lambda g: g.speed)
         slow.set_speed(slow.speed / 50)
         await asyncio.sleep(1.0)
-        req = SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100)
+        req = SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100, max_tokens=100)
         await flow.serve(req)
         deployment.stop()
         per_try = deployment.topology.liveness.per_try_timeout
@@ -272,9 +282,13 @@ def test_a_request_that_fails_over_leaves_nothing_for_the_cyclic_gc() -> None:
         slow.set_speed(slow.speed / 50)
         await asyncio.sleep(1.0)
         free_unreachable()  # what setting up left behind
-        await flow.serve(SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100))
+        await flow.serve(
+            SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100, max_tokens=100)
+        )
         loop.call_later(0.5, _lose, deployment, "east")
-        await flow.serve(SimRequest(1, loop.time(), "washington", CITIES[0][1], "t", 64, 400))
+        await flow.serve(
+            SimRequest(1, loop.time(), "washington", CITIES[0][1], "t", 64, 400, max_tokens=400)
+        )
         left = unreachable_now()
         deployment.stop()
         return left, recorder
@@ -303,7 +317,9 @@ def test_a_retry_waits_for_the_tiers_retry_budget() -> None:
             pass
         await asyncio.sleep(1.0)
         free_unreachable()  # what setting up left behind
-        await flow.serve(SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100))
+        await flow.serve(
+            SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100, max_tokens=100)
+        )
         left = unreachable_now()
         deployment.stop()
         return recorder, deployment, left
@@ -335,7 +351,7 @@ def test_failing_over_from_a_zone_lost_under_a_request_needs_no_retry_budget() -
         while region.forwarding.budget.try_start_retry():
             pass
         await asyncio.sleep(1.0)
-        req = SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 400)
+        req = SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 400, max_tokens=400)
         task = loop.create_task(flow.serve(req))
         await asyncio.sleep(0.2)
         (lost,) = [z for z in region.local.values() if any(g.running for g in z.gpus.values())]
@@ -368,7 +384,9 @@ def test_a_zone_out_of_attempts_answers_unavailable_and_its_region_fails_over() 
         for gpu in deployment.zones["east-0"].gpus.values():
             gpu.set_speed(gpu.speed / 50)
         await asyncio.sleep(1.0)
-        await flow.serve(SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100))
+        await flow.serve(
+            SimRequest(0, loop.time(), "washington", CITIES[0][1], "t", 64, 100, max_tokens=100)
+        )
         deployment.stop()
         return recorder
 
