@@ -75,6 +75,7 @@ def test_a_policy_that_serves_nothing_fails_the_run_naming_it() -> None:
     gone = Scenario("gone", "the only region lost at once", 0.5, (FleetEvent(0.0, "lose_region"),))
     with pytest.raises(
         RuntimeError,
-        match=r"policy 'meridian' served none of the 300 requests in scenario 'gone' \(UNAVAILABLE 300\)",
+        match=r"policy 'meridian' served none of the 300 requests in scenario 'gone' "
+        r"\(UNAVAILABLE 300\)",
     ):
         run(spec(own_fleet(), scenario=gone, warmup_fraction=0.0))
