@@ -175,10 +175,11 @@ class _ToGpu(_Call):
             job = gpu.submit(
                 pick.prompt_tokens, pick.max_tokens, served.blocks, served.output_tokens
             )
-        except GpuFailed as exc:
-            raise _error(UNAVAILABLE, str(exc)) from None
-        except GpuRefused as exc:
-            raise _error(grpc.StatusCode.INVALID_ARGUMENT, str(exc)) from None
+        # One name per clause: compiled, a name keeps the type of the first that binds it.
+        except GpuFailed as failed:
+            raise _error(UNAVAILABLE, str(failed)) from None
+        except GpuRefused as refused:
+            raise _error(grpc.StatusCode.INVALID_ARGUMENT, str(refused)) from None
         # A failed or cancelled future keeps its error, whose traceback holds this
         # frame: on those paths the frame lets go of the job (and so of the future),
         # or the two would make a cycle that only the cyclic GC frees.

@@ -11,12 +11,12 @@ first response byte counts as sent (``Attempt.committed``): from then on, a
 failure ends the call with the child's status.
 
 The forwarder knows nothing of the gRPC call it serves: the caller gives its
-deadline as a time on the forwarder's ``clock`` (``deadline_in``) and sets the
-trailers ``forward`` hands back on its own call. An absolute deadline rather than
-the servicer context or a callable: one number read once per call, which the
-simulator (simulated clock, no context) and tests give as easily as a server; the
-time left is read from it before each reservation and each send, as the context's
-``time_remaining()`` was.
+deadline as a time on the forwarder's ``clock`` (``deadline_in`` turns a context's
+``time_remaining()`` into one) and sets the trailers ``forward`` hands back on its
+own call. An absolute deadline rather than the servicer context or a callable: one
+number read once per call, which the simulator (simulated clock, no context) and
+tests give as easily as a server. The time left is read from it before each
+reservation and again before each send, since the wait for a lease may spend it.
 
 Each attempt also has Envoy's per-try timeout (``common.request.per_try``, its
 limit from the attempt's expected service time): an attempt that has sent nothing
@@ -229,11 +229,13 @@ class Forwarder:
             result, trailers = await within_per_try(
                 attempt.send(lease.child, metadata, timeout), lambda: attempt.committed, limit
             )
-        except PerTryExpired as exc:
-            attempts.failures.append(self._expired(lease, exc))
+        # One name per clause: compiled (the simulator's mypyc build), a name keeps
+        # the type of the first clause that binds it.
+        except PerTryExpired as expired:
+            attempts.failures.append(self._expired(lease, expired))
             return None
-        except grpc.aio.AioRpcError as exc:
-            attempts.failures.append(self._failed(lease, exc, committed=attempt.committed))
+        except grpc.aio.AioRpcError as failed:
+            attempts.failures.append(self._failed(lease, failed, committed=attempt.committed))
             return None
         except asyncio.CancelledError:
             self.settle(lease, grpc.StatusCode.CANCELLED, ())
