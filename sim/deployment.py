@@ -70,6 +70,11 @@ class SimSettings:
     seed: int = 1
 
 
+def _no_hint(model: str) -> str | None:
+    """A tier that publishes no capacity (the global tier): no hint on its answers."""
+    return None
+
+
 def tier_forwarder(
     policy: ForwardingPolicy,
     balancer: Balancer,
@@ -85,17 +90,11 @@ def tier_forwarder(
     name), so it depends on no other part's draws. The simulator runs one process per
     tier instance: a deployment of N global replicas or ``--workers`` N has N budgets,
     each with its floor of 3 retries, where this has one."""
-
-    def hint(model: str) -> str | None:
-        for _, value in publisher.hint_trailers(model) if publisher is not None else ():
-            return value
-        return None
-
     return Forwarder(
         policy,
         balancer,
         budget=RetryBudget(),
-        hint_source=hint,
+        hint_source=publisher.hint if publisher is not None else _no_hint,
         rng=random.Random(seed),
         clock=clock,
     )

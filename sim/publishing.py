@@ -69,6 +69,12 @@ class SimPublisher:
         """The capacity hint this tier puts on an answer for ``model`` (may be empty)."""
         return self._hints.get(model, ())
 
+    def hint(self, model: str) -> str | None:
+        """The hint's value alone (None: none yet), as a ``Forwarder``'s ``hint_source``."""
+        for _, value in self._hints.get(model, ()):
+            return value
+        return None
+
     def publish(self) -> None:
         self._poked = False
         if self._tick is not None:
