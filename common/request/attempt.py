@@ -5,8 +5,7 @@ children; a unary call is ``UnaryAttempt``, a request of a stream
 ``common.request.stream_request.StreamRequestAttempt``, and the simulator has its
 own (``sim.flow``), which runs the tier below in simulated time. ``Downstream`` is
 what the loop puts in the metadata of each attempt (``RouteHints``), and
-``AttemptTracing`` the spans it opens around decisions and attempts (``NoTracing``
-when tracing is off).
+``AttemptTracing`` the spans it opens around decisions and attempts.
 """
 
 from __future__ import annotations
@@ -91,28 +90,3 @@ class AttemptTracing(Protocol):
     ) -> None: ...
 
     def child_metadata(self, metadata: Metadata, lease: Lease, parent: Span) -> Metadata: ...
-
-
-class NoTracing:
-    """Tracing off: every step is one call that does nothing."""
-
-    def decision_started(self, parent: Span) -> int:
-        return 0
-
-    def record_decision(
-        self,
-        parent: Span,
-        started: int,
-        lease: Lease | None = None,
-        code: grpc.StatusCode = grpc.StatusCode.OK,
-    ) -> None:
-        return None
-
-    def begin_attempt(self, method: str, lease: Lease, attempt: int, parent: Span) -> None:
-        return None
-
-    def end_attempt(self, lease: Lease, code: grpc.StatusCode, detail: str, elapsed: float) -> None:
-        return None
-
-    def child_metadata(self, metadata: Metadata, lease: Lease, parent: Span) -> Metadata:
-        return metadata

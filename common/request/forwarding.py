@@ -50,7 +50,6 @@ from common.request.attempt import (
     AttemptTracing,
     Downstream,
     Metadata,
-    NoTracing,
 )
 from common.request.balancer import Balancer, Lease, Outcome
 from common.request.children import Child
@@ -137,6 +136,31 @@ def with_route(trailers: Any, route: str, hint: str | None = None) -> Trailers:
     if hint:
         kept.append((CAPACITY_HINT, hint))
     return tuple(kept)
+
+
+class NoTracing:
+    """Tracing off: every step is one call that does nothing."""
+
+    def decision_started(self, parent: Span) -> int:
+        return 0
+
+    def record_decision(
+        self,
+        parent: Span,
+        started: int,
+        lease: Lease | None = None,
+        code: grpc.StatusCode = grpc.StatusCode.OK,
+    ) -> None:
+        return None
+
+    def begin_attempt(self, method: str, lease: Lease, attempt: int, parent: Span) -> None:
+        return None
+
+    def end_attempt(self, lease: Lease, code: grpc.StatusCode, detail: str, elapsed: float) -> None:
+        return None
+
+    def child_metadata(self, metadata: Metadata, lease: Lease, parent: Span) -> Metadata:
+        return metadata
 
 
 @dataclass(frozen=True)
@@ -275,7 +299,8 @@ class Forwarder:
             await asyncio.sleep(backoff_delay_s(n, self.rng))
         started = self.tracing.decision_started(parent)
         try:
-            lease = await self.balancer.acquire(pick, attempts.tried, self._left(deadline))
+            left = None if deadline is None else self._left(deadline)
+            lease = await self.balancer.acquire(pick, attempts.tried, left)
         except RouteError as err:
             self.tracing.record_decision(parent, started, code=err.code)
             if n and err.code == grpc.StatusCode.UNAVAILABLE:
@@ -288,11 +313,8 @@ class Forwarder:
         attempts.tried.append(lease.child.name)
         return lease
 
-    def _left(self, deadline: float | None) -> float | None:
-        """Seconds left before ``deadline`` (None: no deadline); DEADLINE_EXCEEDED once
-        it has passed."""
-        if deadline is None:
-            return None
+    def _left(self, deadline: float) -> float:
+        """Seconds left before ``deadline``; DEADLINE_EXCEEDED once it has passed."""
         left = deadline - self.clock()
         if left <= 0:
             raise RouteError(grpc.StatusCode.DEADLINE_EXCEEDED, "deadline spent before forwarding")
@@ -301,7 +323,7 @@ class Forwarder:
     def _lease_timeout(self, lease: Lease, deadline: float | None) -> float | None:
         """The time left once a lease is held (the wait for it may have spent it all)."""
         try:
-            return self._left(deadline)
+            return None if deadline is None else self._left(deadline)
         except RouteError:
             self.settle(lease, grpc.StatusCode.DEADLINE_EXCEEDED, ())
             raise
