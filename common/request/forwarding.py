@@ -138,6 +138,20 @@ def with_route(trailers: Any, route: str, hint: str | None = None) -> Trailers:
     return tuple(kept)
 
 
+class _Committed:
+    """``attempt.committed`` read when the per-try limit passes. An object, not a
+    lambda: compiled with mypyc (``sim.native``), a closure's environment holds the
+    closure, a cycle per attempt that only the cyclic GC frees."""
+
+    __slots__ = ("attempt",)
+
+    def __init__(self, attempt: Attempt[Any]) -> None:
+        self.attempt = attempt
+
+    def __call__(self) -> bool:
+        return self.attempt.committed
+
+
 class NoTracing:
     """Tracing off: every step is one call that does nothing."""
 
@@ -251,7 +265,7 @@ class Forwarder:
             limit = None
         try:
             result, trailers = await within_per_try(
-                attempt.send(lease.child, metadata, timeout), lambda: attempt.committed, limit
+                attempt.send(lease.child, metadata, timeout), _Committed(attempt), limit
             )
         # One name per clause: compiled (the simulator's mypyc build), a name keeps
         # the type of the first clause that binds it.
