@@ -152,31 +152,6 @@ class _Committed:
         return self.attempt.committed
 
 
-class NoTracing:
-    """Tracing off: every step is one call that does nothing."""
-
-    def decision_started(self, parent: Span) -> int:
-        return 0
-
-    def record_decision(
-        self,
-        parent: Span,
-        started: int,
-        lease: Lease | None = None,
-        code: grpc.StatusCode = grpc.StatusCode.OK,
-    ) -> None:
-        return None
-
-    def begin_attempt(self, method: str, lease: Lease, attempt: int, parent: Span) -> None:
-        return None
-
-    def end_attempt(self, lease: Lease, code: grpc.StatusCode, detail: str, elapsed: float) -> None:
-        return None
-
-    def child_metadata(self, metadata: Metadata, lease: Lease, parent: Span) -> Metadata:
-        return metadata
-
-
 @dataclass(frozen=True)
 class ForwardingPolicy:
     """Which child statuses fail over, how often, and how this tier names its route."""
@@ -206,7 +181,8 @@ class Forwarder:
         self.policy = policy
         self.balancer = balancer
         self.budget = budget or RetryBudget()
-        self.tracing: AttemptTracing = tracing or NoTracing()
+        # None: tracing off, and no call at all for it on the request path.
+        self.tracing = tracing
         # This tier's newest capacity for a model in trailer form (capacity.summary.encode_hint).
         self.hint = hint_source
         self.rng = rng or random.Random()
@@ -235,11 +211,13 @@ class Forwarder:
                 try:
                     lease = await self._next_lease(pick, attempts, deadline, parent)
                     n = hints.attempt + len(attempts.tried) - 1
-                    self.tracing.begin_attempt(attempt.method, lease, n, parent)
+                    tracing = self.tracing
+                    if tracing is not None:
+                        tracing.begin_attempt(attempt.method, lease, n, parent)
                     timeout = self._lease_timeout(lease, deadline)
-                    metadata = self.tracing.child_metadata(
-                        hints.downstream_metadata(pick.origin, n, pick.prefix_blocks), lease, parent
-                    )
+                    metadata = hints.downstream_metadata(pick.origin, n, pick.prefix_blocks)
+                    if tracing is not None:
+                        metadata = tracing.child_metadata(metadata, lease, parent)
                     answer = await self._send(attempt, lease, metadata, timeout, attempts)
                     if answer is not None:  # else failed over: the next child
                         result, trailers = answer
@@ -311,19 +289,23 @@ class Forwarder:
                     raise attempts.error(kind, pick.model)
                 attempts.holding_retry = True
             await asyncio.sleep(backoff_delay_s(n, self.rng))
-        started = self.tracing.decision_started(parent)
+        tracing = self.tracing
+        started = 0 if tracing is None else tracing.decision_started(parent)
         try:
             left = None if deadline is None else self._left(deadline)
             lease = await self.balancer.acquire(pick, attempts.tried, left)
         except RouteError as err:
-            self.tracing.record_decision(parent, started, code=err.code)
+            if tracing is not None:
+                tracing.record_decision(parent, started, code=err.code)
             if n and err.code == grpc.StatusCode.UNAVAILABLE:
                 raise attempts.error(kind, pick.model) from None
             raise
         except asyncio.CancelledError:
-            self.tracing.record_decision(parent, started, code=grpc.StatusCode.CANCELLED)
+            if tracing is not None:
+                tracing.record_decision(parent, started, code=grpc.StatusCode.CANCELLED)
             raise
-        self.tracing.record_decision(parent, started, lease)
+        if tracing is not None:
+            tracing.record_decision(parent, started, lease)
         attempts.tried.append(lease.child.name)
         return lease
 
@@ -358,7 +340,8 @@ class Forwarder:
     ) -> None:
         tokens = lease.max_tokens if code == grpc.StatusCode.OK else 0
         elapsed = self.clock() - lease.started_at
-        self.tracing.end_attempt(lease, code, detail, elapsed)
+        if self.tracing is not None:
+            self.tracing.end_attempt(lease, code, detail, elapsed)
         outcome = Outcome(code, elapsed, tokens, trailers, detail, timed_out=timed_out)
         self.balancer.release(lease, outcome)
 
