@@ -47,7 +47,7 @@ from common.request.children import Child
 from common.request.pick import PickRequest
 from common.request.prefix import MAX_CARRIED_BLOCKS
 from local_lb.load_book import LOAD_TRAILER
-from sim.deployment import SimDeployment
+from sim.deployment import SimDeployment, SimRegion, SimZone
 from sim.gpu_model import GpuFailed, GpuRefused, SimGpu, SimJob
 from sim.requests import SimRequest
 
@@ -128,16 +128,10 @@ class _ToRegion(_Call):
     async def send(
         self, child: Child, metadata: Metadata, timeout: float | None
     ) -> tuple[None, Trailers]:
-        name, pick = child.name, self.pick
+        name = child.name
         region = self.deployment.by_region[name]
-        if not region.up:
-            raise _error(UNAVAILABLE, f"region {name} is down")
-        call = _ToZone(self.deployment, pick, self.served)
-        try:
-            _, _, trailers = await region.forwarding.forward(call, pick, _DOWN, None)
-        except RouteError as err:
-            hint = region.publisher.hint_trailers(pick.model)
-            raise _answer_up(err, region.up, f"region {name}", hint) from None
+        below = _ToZone(self.deployment, self.pick, self.served)
+        trailers = await _forward_in(region, f"region {name}", below)
         self.served.region = name
         return None, trailers
 
@@ -148,18 +142,26 @@ class _ToZone(_Call):
     async def send(
         self, child: Child, metadata: Metadata, timeout: float | None
     ) -> tuple[None, Trailers]:
-        name, pick = child.name, self.pick
+        name = child.name
         zone = self.deployment.zones[name]
-        if not zone.up:
-            raise _error(UNAVAILABLE, f"zone {name} is down")
-        call = _ToGpu(self.deployment, pick, self.served)
-        try:
-            _, _, trailers = await zone.forwarding.forward(call, pick, _DOWN, None)
-        except RouteError as err:
-            hint = zone.publisher.hint_trailers(pick.model)
-            raise _answer_up(err, zone.up, f"zone {name}", hint) from None
+        below = _ToGpu(self.deployment, self.pick, self.served)
+        trailers = await _forward_in(zone, f"zone {name}", below)
         self.served.zone = name
         return None, trailers
+
+
+async def _forward_in(tier: SimRegion | SimZone, what: str, below: _ToZone | _ToGpu) -> Trailers:
+    """A regional or local tier's server taking a call: UNAVAILABLE when it is down, else
+    its forwarder's answer, a refusal going up as its server aborts (``_answer_up``)."""
+    if not tier.up:
+        raise _error(UNAVAILABLE, f"{what} is down")
+    pick = below.pick
+    try:
+        _, _, trailers = await tier.forwarding.forward(below, pick, _DOWN, None)
+    except RouteError as err:
+        hint = tier.publisher.hint_trailers(pick.model)
+        raise _answer_up(err, tier.up, what, hint) from None
+    return trailers
 
 
 class _ToGpu(_Call):

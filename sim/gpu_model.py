@@ -133,7 +133,7 @@ class SimGpu:
         return allocated / self.cfg.kv_cache_tokens
 
     def remaining_tokens(self) -> list[int]:
-        """Tokens each running sequence still has to decode (the oracle's true state)."""
+        """Tokens each running sequence still has to decode (the greedy reference's true state)."""
         k = self._steps_done(self.loop.time())
         return [max(0, end - k) for end, _, _ in self._heap]
 

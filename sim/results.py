@@ -17,7 +17,7 @@ from typing import Any
 from sim.regional_load import RegionalLoad
 from sim.stats import infinite_as_text, infinite_from_text
 
-# The figures ``ratio_to`` compares with the oracle's, in the order reports use.
+# The figures ``ratio_to`` compares with a reference's (the bound's), in the order reports use.
 HEADLINE: tuple[str, ...] = (
     "ttft_p50_s",
     "ttft_p99_s",
@@ -148,13 +148,13 @@ class PolicyResult:
     def failed_total(self) -> int:
         return sum(self.failed.values())
 
-    def ratio_to(self, oracle: PolicyResult) -> dict[str, float]:
-        """Each ``HEADLINE`` figure divided by the oracle's (NaN where either is
-        unknown or the oracle's is zero): below 1 is better for latencies, above 1
+    def ratio_to(self, reference: PolicyResult) -> dict[str, float]:
+        """Each ``HEADLINE`` figure divided by ``reference``'s (NaN where either is
+        unknown or the reference's is zero): below 1 is better for latencies, above 1
         for goodput."""
         out: dict[str, float] = {}
         for name in HEADLINE:
-            mine, theirs = getattr(self, name), getattr(oracle, name)
+            mine, theirs = getattr(self, name), getattr(reference, name)
             ok = mine is not None and theirs is not None and theirs != 0
             out[name] = mine / theirs if ok else math.nan
         return out

@@ -241,8 +241,8 @@ async def _run(
             for z in r.zones
             for g in z.gpus
         ]
-        oracle = GreedyClairvoyant(gpus, geography.rtt_ms, recorder, geography.home)
-        serve: Serve = oracle.serve
+        greedy = GreedyClairvoyant(gpus, geography.rtt_ms, recorder, geography.home)
+        serve: Serve = greedy.serve
         sim_gpus = [p.gpu for p in gpus]
     else:
         deployment = SimDeployment(

@@ -3,7 +3,7 @@
 A scenario is data: the load (a fraction of the fleet's capacity), the boosts
 it adds to the workload (a flash crowd, a flooding tenant) and the events it
 applies to the fleet (a zone or region lost, GPUs throttled). ``apply`` acts
-on the simulated GPUs — which every policy has, the oracle included — and, for
+on the simulated GPUs — which every policy has, the greedy reference included — and, for
 the tiered policies, on the deployment's tiers (a lost zone's local tier is
 down too). Times are fractions of the scenario's duration so one scenario
 reads the same at ``--quick`` and at full length; a boost's window is in

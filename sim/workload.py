@@ -294,6 +294,8 @@ class _Stream:
         n_tenants, model, open_p = len(spec.tenants), spec.model, self.open_p
         cap = self.caps.draw
         models = cumulative_shares(spec.models)
+        if len(models) == 1:  # one model: nothing to draw
+            model, models = models[0][1], []
         model_draw = self.models_rng.random
         prompts, outputs = spec.shape.prompt.table, spec.shape.output.table
         n_prompts, n_outputs = len(prompts), len(outputs)
