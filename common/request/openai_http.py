@@ -248,6 +248,8 @@ def _json(raw: bytes) -> Any:
         return json.loads(raw)
     except ValueError as exc:  # UnicodeDecodeError included
         raise BadField(None, f"the request body is not valid JSON: {exc}") from None
+    except RecursionError:  # ``[[[[…`` deeper than the parser's stack: a 500 otherwise
+        raise BadField(None, "the request body is not valid JSON: nested too deeply") from None
 
 
 def _usage(request: OpenAIRequest, count: TokenCount) -> Usage:

@@ -74,6 +74,22 @@ def chat_prompt(messages: list[tuple[str, str]]) -> str:
     return "".join(f"<|{role}|>\n{content}\n" for role, content in messages) + "<|assistant|>\n"
 
 
+def _unicode(text: str, where: str) -> str:
+    """``text``, unless it holds a lone surrogate: JSON can escape one (``"\\ud800"``),
+    UTF-8 cannot carry it, so the V2 request would fail to encode it (a 500)."""
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            code = ord(text[exc.start])
+            raise BadField(
+                where,
+                f"'{where}' holds a lone surrogate (\\u{code:04x} at character {exc.start}); "
+                "send valid Unicode text",
+            ) from None
+    return text
+
+
 def _int_field(body: dict[str, Any], name: str) -> int | None:
     value = body.get(name)
     if value is None:
@@ -98,20 +114,22 @@ def _completion_prompt(body: dict[str, Any]) -> str:
     """``prompt``: a string, or a list holding one string (one prompt per request)."""
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-        return prompt[0]
+        return _unicode(prompt[0], "prompt")
     if isinstance(prompt, str):
-        return prompt
+        return _unicode(prompt, "prompt")
     if prompt is None:
         raise BadField("prompt", "'prompt' is required: the text to complete")
     if isinstance(prompt, list) and len(prompt) != 1:
-        raise BadField("prompt", f"one prompt per request is served; got a list of {len(prompt)}")
+        raise BadField(
+            "prompt", f"'prompt': one prompt per request is served; got a list of {len(prompt)}"
+        )
     raise BadField("prompt", "'prompt' must be a string (token arrays are not served)")
 
 
 def _content(value: Any, where: str) -> str:
     """A message's content: a string, null, or a list of text parts joined."""
     if value is None or isinstance(value, str):
-        return value or ""
+        return _unicode(value or "", where)
     if isinstance(value, list):
         texts = []
         for i, part in enumerate(value):
@@ -120,7 +138,7 @@ def _content(value: Any, where: str) -> str:
             text = part.get("text")
             if not isinstance(text, str):
                 raise BadField(f"{where}[{i}].text", f"'{where}[{i}].text' must be a string")
-            texts.append(text)
+            texts.append(_unicode(text, f"{where}[{i}].text"))
         return "".join(texts)
     raise BadField(where, f"'{where}' must be a string or a list of text parts")
 
@@ -161,6 +179,7 @@ def parse_openai(route: str, body: Any) -> OpenAIRequest:
     model = body.get("model")
     if not isinstance(model, str) or not model:
         raise BadField("model", "'model' is required: a model name from GET /v1/models")
+    _unicode(model, "model")
     n = body.get("n")
     if n is not None and (isinstance(n, bool) or n != 1):
         raise BadField("n", f"'n' must be 1 (one choice per request is served), got {n!r}")
