@@ -47,7 +47,10 @@ def decode_blocks(value: str) -> list[int]:
     if not value:
         return []
     parts = value.split(".")
-    if len(parts) > MAX_CARRIED_BLOCKS or any(len(p) != 16 for p in parts):
+    # int(p, 16) alone also reads a sign, "_" and spaces: "-fffffffffffffff" is no hash.
+    if len(parts) > MAX_CARRIED_BLOCKS or not all(
+        len(p) == 16 and p.isascii() and p.isalnum() for p in parts
+    ):
         raise RouteError.invalid(f"metadata '{PREFIX_BLOCKS}' is malformed")
     try:
         return [int(p, 16) for p in parts]
