@@ -177,6 +177,8 @@ def decode_hint(value: str | None, model: str) -> capacity_pb2.ModelCapacity | N
         entry.token_throughput_capacity = float(fields.get("c", 0.0))
     except (KeyError, ValueError):
         return None
+    if not (entry.estimated_wait_s >= 0 and entry.token_throughput_capacity >= 0):
+        return None  # NaN or negative: it would rank the child anywhere
     if entry.total_slots:
         entry.utilisation = (entry.total_slots - entry.free_slots) / entry.total_slots
     return entry
