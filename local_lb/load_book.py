@@ -66,7 +66,8 @@ def parse_prometheus_load(text: str) -> Load | None:
     Triton's pending count as waiting where neither's waiting gauge is present
     (Triton has no running gauge, so running is 0).
     Comments, unknown metrics, malformed lines and non-finite or negative
-    values are skipped. ``None`` when no known metric is present.
+    values are skipped, and so is a value that would make a sum overflow.
+    ``None`` when no known metric is present.
     """
     sums: dict[str, float] = {}
     for raw in text.splitlines():
@@ -85,8 +86,8 @@ def parse_prometheus_load(text: str) -> Load | None:
         name = match["name"]
         if name in _KV:
             sums[name] = max(sums.get(name, 0.0), value)
-        else:
-            sums[name] = sums.get(name, 0.0) + value
+        elif math.isfinite(total := sums.get(name, 0.0) + value):  # 1e308 twice is no load
+            sums[name] = total
     if not sums:
         return None
     running = next((sums[n] for n in _RUNNING if n in sums), 0.0)

@@ -70,7 +70,7 @@ def served_models(body: bytes) -> frozenset[str] | None:
     the body is not such a list."""
     try:
         doc: Any = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than json's stack
         return None
     data = doc.get("data") if isinstance(doc, dict) else None
     if not isinstance(data, list):
