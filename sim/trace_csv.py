@@ -158,6 +158,8 @@ def _rows(where: str, handle: IO[str]) -> tuple[_Columns, Iterator[tuple[int, li
             raise TraceError(f"{where}: empty file; expected a header {','.join(REQUIRED)}")
     except UnicodeDecodeError:
         raise TraceError(f"{where}: not UTF-8 text") from None
+    except csv.Error as exc:  # e.g. a field over csv's size limit
+        raise TraceError(f"{where}, line 1: {exc}") from None
     columns = _columns(where, header)
 
     def rows() -> Iterator[tuple[int, list[str]]]:
@@ -222,6 +224,11 @@ class _Replayer:
         if self.base is None:
             self.base = absolute
         t = absolute - self.base
+        if not math.isfinite(t):  # -1e308 then 1e308: each finite, 2e308 apart
+            raise TraceError(
+                f"{self.where}, line {line}: TIMESTAMP {text.strip()[:32]!r} is too far from "
+                "the first row's to be replayed (a float cannot count the seconds between)"
+            )
         if t < self.last - self.opts.tolerance_s:
             raise TraceError(
                 f"{self.where}, line {line}: TIMESTAMP goes back {self.last - t:.3f} s from "
