@@ -8,6 +8,7 @@ so a typo never turns into a silent default.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,6 +61,15 @@ class ConfigNode:
                 raise ConfigError(f"{self.key_path(key)}: required key is missing")
             return default
         value = self.raw[key]
+        if kind is not object and isinstance(value, float) and value != value:
+            # YAML's .nan: every comparison with it is False, so no range check refuses it.
+            name = getattr(kind, "__name__", kind)
+            raise ConfigError(f"{self.key_path(key)}: expected {name}, got nan (not a number)")
+        numeric = kind is float or (isinstance(kind, tuple) and float in kind)
+        if numeric and isinstance(value, int) and abs(value) > sys.float_info.max:
+            raise ConfigError(
+                f"{self.key_path(key)}: a number of {len(str(abs(value)))} digits is too large"
+            )
         if kind is float and isinstance(value, int) and not isinstance(value, bool):
             value = float(value)
         if not isinstance(value, kind) or (isinstance(value, bool) and kind in (int, float)):
@@ -86,7 +96,7 @@ class ConfigNode:
         return [ConfigNode(item, f"{self.key_path(key)}[{i}]") for i, item in enumerate(value)]
 
     def done(self) -> None:
-        unknown = sorted(set(self.raw) - self.seen)
+        unknown = sorted(set(self.raw) - self.seen, key=str)  # YAML keys: any types
         if unknown:
             raise ConfigError(f"{self.key_path(unknown[0])}: unknown key")
 

@@ -8,6 +8,7 @@ key's path (``common.config.node``). Tenants, TLS and size limits are read by
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,7 +200,9 @@ def _rtt_matrix(root: ConfigNode, regions: set[str]) -> dict[str, dict[str, floa
         for dst, ms in row.items():
             if dst not in regions:
                 raise ConfigError(f"{path}.{dst}: unknown region")
-            if isinstance(ms, bool) or not isinstance(ms, int | float) or ms < 0:
+            # `not 0 <= ms <= max` also refuses NaN, infinity and ints no float can hold.
+            big = sys.float_info.max
+            if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 <= ms <= big:
                 raise ConfigError(f"{path}.{dst}: expected milliseconds >= 0, got {ms!r}")
             matrix[src][dst] = float(ms)
     return matrix
@@ -378,6 +381,6 @@ def load_topology(path: str | Path) -> Topology:
         raise ConfigError(
             f"{path}: not UTF-8 text (byte 0x{exc.object[exc.start]:02x} at offset {exc.start})"
         ) from None
-    except yaml.YAMLError as exc:
+    except (yaml.YAMLError, ValueError) as exc:  # ValueError: an int of 4300+ digits
         raise ConfigError(f"{path}: not valid YAML: {exc}") from None
     return topology_from_mapping(raw)
