@@ -11,6 +11,8 @@ so even a killed launcher leaves no process behind; the embedded Redis asks the
 same through a small wrapper (``common.basics.redis_embed``) and keeps its
 append-only file in ``<run_dir>/redis``, so a Redis restart, or a second
 ``meridian up`` on the same run directory, finds every usage record again.
+The embedded Redis runs with an ACL user per role and each tier logs in as its
+own (``cli.redis_acl.FleetAcl``: passwords in ``<run_dir>/redis-acl``).
 ``ExitWatch`` (``cli.processes``) reports a process that died once, and once when it is back.
 With ``tls`` (the default) a fresh PKI is generated into ``<run_dir>/pki``, one
 certificate per tier instance (``common.config.pki``), and the tiers talk
@@ -33,12 +35,14 @@ import yaml
 
 from cli.processes import ExitWatch, TierProcess
 from cli.readiness import tier_ready
+from cli.redis_acl import FleetAcl
 from cli.region_redis import embed_region_redises
 from common.basics.redis_embed import EmbeddedRedis, free_port
-from common.config.identity import Identity, local, regional
+from common.config.identity import GLOBAL, Identity, local, regional
 from common.config.pki import FleetCA
 from common.config.tls import GpuCredentials, TierTls, fleet_hosts, fleet_identities, tier_tls
 from common.config.topology import Topology, topology_from_mapping
+from common.operations.redis_acl import user_name
 from common.tenancy.auth import new_key
 from sim.openai_server import gpu_probe
 
@@ -124,10 +128,15 @@ class Fleet:
         raw.update(overrides or {})
         self.run_dir = Path(run_dir)
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        self.redis = None if redis_url else EmbeddedRedis(data_dir=self.run_dir / "redis")
-        raw["redis_url"] = redis_url or self.redis.url  # type: ignore[union-attr]
+        # An embedded Redis runs with an ACL user per role (cli.redis_acl.FleetAcl).
+        self.acl = None if redis_url else FleetAcl(self.run_dir / "redis-acl")
+        acl_file = self.acl.acl_file if self.acl else None
+        self.redis = (
+            None if redis_url else EmbeddedRedis(data_dir=self.run_dir / "redis", acl_file=acl_file)
+        )
+        raw["redis_url"] = redis_url or self.redis.address_url  # type: ignore[union-attr]
         # Regions whose entry says ``redis_url: embedded`` get their own (cli.region_redis).
-        self.region_redis = embed_region_redises(raw, self.run_dir)
+        self.region_redis = embed_region_redises(raw, self.run_dir, acl_file)
         ca = None
         if not tls:
             raw.pop("tls", None)
@@ -142,6 +151,8 @@ class Fleet:
         self.topology: Topology = topology_from_mapping(self.raw)
         if ca is not None:
             ca.issue(fleet_identities(self.topology), hosts=fleet_hosts(self.topology))
+        if self.acl is not None:
+            self.acl.write(self.topology)
         self._credentials: dict[Identity, grpc.ChannelCredentials] = {}
         self.config_path = self.run_dir / "topology.yaml"
         self.config_path.write_text(yaml.safe_dump(self.raw, sort_keys=False))
@@ -157,11 +168,18 @@ class Fleet:
             for zone in region.zones:
                 where = ["--region", region.name, "--zone", zone.name]
                 yield f"worker-{zone.name}", [*cli, "worker", *cfg, *where]
-                policy = ["--policy", self.policy]
+                policy = ["--policy", self.policy, *self._login(local(region.name, zone.name))]
                 yield f"local-{zone.name}", [*cli, "local", *cfg, *where, *policy]
         for region in self.topology.regions:
-            yield f"regional-{region.name}", [*cli, "regional", *cfg, "--region", region.name]
-        yield "global", [*cli, "global", *cfg]
+            where = ["--region", region.name, *self._login(regional(region.name))]
+            yield f"regional-{region.name}", [*cli, "regional", *cfg, *where]
+        yield "global", [*cli, "global", *cfg, *self._login(GLOBAL)]
+
+    def _login(self, identity: Identity) -> list[str]:
+        """The option that makes a tier log in to Redis as its own ACL user."""
+        if self.acl is None:
+            return []
+        return ["--redis-password-file", str(self.acl.password_file(user_name(identity)))]
 
     def endpoint_of(self, name: str) -> str:
         """The gRPC address of a launched tier process (``global``, ``regional-eu-west`` ...)."""

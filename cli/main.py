@@ -33,12 +33,31 @@ def _topology(args: argparse.Namespace) -> Topology:
         topology = load_topology(args.config)
     if getattr(args, "redis", None):  # a worker has no --redis
         topology = dataclasses.replace(topology, redis_url=args.redis)
+    if args.command in ("global", "regional", "local"):
+        topology = _redis_login(topology, args)
     if getattr(args, "ext_proc_listen", None):  # meridian local only
         topology = _with_ext_proc(topology, args)
     place = _place(args)
     if place.shared:  # as this worker binds it (cli.workers)
         topology = worker_topology(topology, args.command, place, *_where(args))
     return topology
+
+
+def _redis_login(topology: Topology, args: argparse.Namespace) -> Topology:
+    """Every Redis URL of ``topology`` logging in as this tier's ACL user, when a
+    password is given (``common.operations.redis_login``), over TLS with the fleet's CA."""
+    from common.config.identity import GLOBAL, local, regional
+    from common.operations.redis_acl import user_name
+    from common.operations.redis_login import read_password, tier_login, with_login
+
+    region, zone = _where(args)
+    identity = {
+        "global": GLOBAL,
+        "regional": regional(region),
+        "local": local(region, zone),
+    }[args.command]
+    password = read_password(args.redis_password_file, os.environ)
+    return with_login(topology, tier_login(topology, user_name(identity), password, identity))
 
 
 def _place(args: argparse.Namespace) -> WorkerPlace:
@@ -286,6 +305,7 @@ def main(argv: list[str] | None = None) -> None:
         "usage": "cli.usage:usage_main",
         "admin": "cli.admin:admin_main",
         "sim": "cli.sim:sim_main",
+        "redis-acl": "cli.redis_acl:redis_acl_main",
     }
     if argv[:1] and argv[0] in own:
         module, _, function = own[argv[0]].partition(":")

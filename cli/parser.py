@@ -30,6 +30,7 @@ DESCRIPTION = """Run one tier, a whole demo fleet, or a load generator.
   meridian top      [--ops http://127.0.0.1:8002] [--once]
   meridian admin    list | drain NAME | undrain NAME | weight GPU W | reload
   meridian usage    --redis redis://127.0.0.1:6379/0 [--since 24h]
+  meridian redis-acl passwords | render | apply --config topology.yaml --dir DIR
   meridian sim      fleet --gpus 1024 --regions 6 | run [--quick]
   meridian deploy   k8s --config topology.yaml [--image IMG] [--namespace NS] [--out DIR]
 
@@ -105,6 +106,13 @@ def _server_parsers(sub: Any, env: LogSettings) -> None:
         p = sub.add_parser(name, help=what, description=what, formatter_class=HelpFormatter)
         _tier_options(p, where, env)
         p.add_argument("--redis", **redis)
+        p.add_argument(
+            "--redis-password-file",
+            metavar="FILE",
+            help="log in to Redis as this tier's ACL user (meridian/global, "
+            "meridian/regional/R, meridian/local/R/Z) with the password in FILE; also "
+            "$MERIDIAN_REDIS_PASSWORD_FILE or $MERIDIAN_REDIS_PASSWORD (meridian redis-acl)",
+        )
         if name == "global":
             p.add_argument(
                 "--auth-file",
@@ -252,6 +260,7 @@ def build_parser(env: LogSettings | None = None) -> argparse.ArgumentParser:
         ("usage", "sum usage records per tenant and model"),
         ("admin", "list, drain, undrain, weight, reload (Admin API)"),
         ("sim", "write a fleet topology, or simulate routing policies on it"),
+        ("redis-acl", "Redis ACL users per role: passwords, ACL file, apply"),
     ):
         sub.add_parser(name, help=what, add_help=False).add_argument(
             "rest", nargs=argparse.REMAINDER

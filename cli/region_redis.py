@@ -18,13 +18,16 @@ from common.basics.redis_embed import EmbeddedRedis
 EMBEDDED = "embedded"
 
 
-def embed_region_redises(raw: dict[str, Any], run_dir: Path) -> dict[str, EmbeddedRedis]:
+def embed_region_redises(
+    raw: dict[str, Any], run_dir: Path, acl_file: Path | None = None
+) -> dict[str, EmbeddedRedis]:
     """An (unstarted) embedded Redis per region of ``raw`` that asks for one, by region
-    name; each region's ``redis_url`` in ``raw`` is replaced by its server's URL."""
+    name, with the fleet's ACL users (``acl_file``; None: none); each region's
+    ``redis_url`` in ``raw`` is replaced by its server's URL (without credentials)."""
     servers: dict[str, EmbeddedRedis] = {}
     for region in raw.get("regions") or ():
         if isinstance(region, dict) and region.get("redis_url") == EMBEDDED:
             name = str(region.get("name"))
-            servers[name] = EmbeddedRedis(data_dir=run_dir / f"redis-{name}")
-            region["redis_url"] = servers[name].url
+            servers[name] = EmbeddedRedis(data_dir=run_dir / f"redis-{name}", acl_file=acl_file)
+            region["redis_url"] = servers[name].address_url
     return servers

@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import os
 import re
 import sys
 import time
@@ -23,6 +24,10 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from cli.options import HelpFormatter
+from common.basics.redis_url import redact
+from common.config.node import ConfigError
+from common.operations.redis_acl import USAGE
+from common.operations.redis_login import RedisLogin, read_password
 from common.tenancy.usage import USAGE_STREAM, UsageTotals, summarise
 from common.tenancy.usage_state import StreamState, stream_state
 
@@ -96,9 +101,7 @@ def totals_json(totals: Mapping[tuple[str, str], UsageTotals]) -> list[dict[str,
     ]
 
 
-def usage_main(argv: list[str] | None = None, *, now_ms: int | None = None) -> int:
-    """``meridian usage``: totals per tenant and model over a time window; exit code 2 on
-    a bad argument or an unreachable Redis. ``now_ms`` pins the clock for tests."""
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="meridian usage",
         description="Usage records summed per tenant and model over a time window.",
@@ -113,6 +116,22 @@ def usage_main(argv: list[str] | None = None, *, now_ms: int | None = None) -> i
     parser.add_argument("--until", default="now", metavar="TIME", help="ISO-8601 or relative")
     parser.add_argument("--stream", default=USAGE_STREAM, metavar="KEY", help="the usage stream")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    parser.add_argument(
+        "--redis-password-file",
+        metavar="FILE",
+        help="log in as the read-only ACL user --redis-user with the password in FILE; "
+        "also $MERIDIAN_REDIS_PASSWORD_FILE or $MERIDIAN_REDIS_PASSWORD",
+    )
+    parser.add_argument(
+        "--redis-user", default=USAGE, metavar="NAME", help="ACL user, with a password"
+    )
+    return parser
+
+
+def usage_main(argv: list[str] | None = None, *, now_ms: int | None = None) -> int:
+    """``meridian usage``: totals per tenant and model over a time window; exit code 2 on
+    a bad argument or an unreachable Redis. ``now_ms`` pins the clock for tests."""
+    parser = _parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse already printed why
@@ -130,11 +149,16 @@ def usage_main(argv: list[str] | None = None, *, now_ms: int | None = None) -> i
         )
         return 2
     try:
-        totals, state = asyncio.run(_read(args.redis, since, until, args.stream))
+        password = read_password(args.redis_password_file, os.environ)
+    except ConfigError as exc:
+        print(f"meridian usage: {exc}", file=sys.stderr)
+        return 2
+    url = RedisLogin(args.redis_user, password).url(args.redis)
+    try:
+        totals, state = asyncio.run(_read(url, since, until, args.stream))
     except (RedisError, OSError) as exc:
-        print(
-            f"meridian usage: cannot read {args.stream} from {args.redis}: {exc}", file=sys.stderr
-        )
+        where = redact(args.redis)
+        print(f"meridian usage: cannot read {args.stream} from {where}: {exc}", file=sys.stderr)
         return 2
     warnings = state.warnings(since)
     if args.json:

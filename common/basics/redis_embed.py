@@ -7,6 +7,8 @@ append-only file there and loads it again at the next start, so a restart
 without one it keeps nothing on disk (the tests' shared Redis). Started from
 the main thread on Linux, redis-server dies with the process that started it.
 
+``EmbeddedRedis(acl_file=path)`` loads its users from a Redis ACL file
+(``common.operations.redis_acl`` renders one) instead of a ``password``.
 ``EmbeddedRedis(replica_of=port)`` replicates another one; ``EmbeddedSentinel``
 runs the same binary as a Redis Sentinel (``--sentinel``) watching a master,
 for the Sentinel failover tests and for trying ``redis+sentinel://`` URLs.
@@ -24,6 +26,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 
@@ -125,6 +128,9 @@ class EmbeddedRedis:
     ``data_dir``: keep an fsync'd append-only file there (created if missing)
     and load it at every start; None: keep nothing (in a temporary directory).
     ``replica_of``: the port of a master on 127.0.0.1 this one replicates.
+    ``acl_file``: its users (redis-server ``--aclfile``), instead of ``password``;
+    ``username``/``password`` are then what ``url`` and the start-up check log in as
+    (none: the ``default`` user, which that file must let run INFO).
     """
 
     def __init__(
@@ -134,9 +140,15 @@ class EmbeddedRedis:
         password: str | None = None,
         data_dir: Path | str | None = None,
         replica_of: int | None = None,
+        acl_file: Path | str | None = None,
+        username: str | None = None,
     ) -> None:
+        if acl_file is not None and password is not None and username is None:
+            raise ValueError("with an acl_file, name the user the password is of (username)")
         self.port = port or free_port()
         self.password = password
+        self.username = username
+        self.acl_file = Path(acl_file).resolve() if acl_file is not None else None
         self.data_dir = Path(data_dir) if data_dir is not None else None
         self.replica_of = replica_of
         self._dir = tempfile.TemporaryDirectory(prefix="meridian-redis-")
@@ -144,8 +156,15 @@ class EmbeddedRedis:
 
     @property
     def url(self) -> str:
-        auth = f":{self.password}@" if self.password else ""
+        if self.password is None:
+            return self.address_url
+        auth = f"{quote(self.username or '', safe='')}:{quote(self.password, safe='')}@"
         return f"redis://{auth}127.0.0.1:{self.port}/0"
+
+    @property
+    def address_url(self) -> str:
+        """Its URL without credentials (what a topology names; each process adds its own)."""
+        return f"redis://127.0.0.1:{self.port}/0"
 
     def argv(self) -> list[str]:
         """The redis-server command line (without the die-with-parent wrapper)."""
@@ -158,8 +177,10 @@ class EmbeddedRedis:
             "--dir", self._dir.name,  # a later --dir (persistence_args) wins
             *persistence_args(self.data_dir),
             "--protected-mode", "yes",
-            *(["--requirepass", self.password] if self.password else []),
+            *(["--aclfile", str(self.acl_file)] if self.acl_file else []),
+            *(["--requirepass", self.password] if self.password and not self.acl_file else []),
             *(["--masterauth", self.password] if self.password and self.replica_of else []),
+            *(["--masteruser", self.username] if self.username and self.replica_of else []),
             *(["--replicaof", "127.0.0.1", str(self.replica_of)] if self.replica_of else []),
         ]  # fmt: skip
 
@@ -179,7 +200,11 @@ class EmbeddedRedis:
         """Until our redis-server answers (one loading its append-only file says LOADING)."""
         assert self.process is not None
         client = redis.Redis(
-            host="127.0.0.1", port=self.port, password=self.password, socket_connect_timeout=0.2
+            host="127.0.0.1",
+            port=self.port,
+            username=self.username,
+            password=self.password,
+            socket_connect_timeout=0.2,
         )
         deadline = time.monotonic() + timeout_s
         try:
@@ -187,7 +212,8 @@ class EmbeddedRedis:
                 if self.process.poll() is not None:
                     where = f"; see {self.data_dir / 'redis.log'}" if self.data_dir else ""
                     raise RuntimeError(
-                        f"redis-server exited at start (port {self.port} taken?){where}"
+                        f"redis-server exited at start (port {self.port} taken?"
+                        f"{' a bad aclfile?' if self.acl_file else ''}){where}"
                     )
                 try:
                     # Ours, not another server on a port someone took since free_port()

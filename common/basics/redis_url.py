@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, quote, unquote, urlencode, urlsplit
 
 import redis
 import redis.asyncio as aioredis
@@ -57,6 +57,37 @@ def redact(url: str) -> str:
         return url
     user = userinfo.split(":", 1)[0]
     return f"{scheme}://{user}:***@{hosts}{slash}{tail}"
+
+
+def with_credentials(url: str, username: str, password: str) -> str:
+    """``url`` logging in as ``username`` with ``password``, in place of any it named
+    (the master's, for a ``redis+sentinel://`` URL)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(f"not a Redis URL: {redact(url)!r} (expected scheme://…)")
+    netloc, slash, tail = rest.partition("/")
+    hosts = netloc.rpartition("@")[2]
+    auth = f"{quote(username, safe='')}:{quote(password, safe='')}@"
+    return f"{scheme}://{auth}{hosts}{slash}{tail}"
+
+
+TLS_FILE_OPTIONS = ("ssl_ca_certs", "ssl_certfile", "ssl_keyfile")
+
+
+def with_tls_files(url: str, ca: str, cert: str | None = None, key: str | None = None) -> str:
+    """A ``rediss://`` URL verifying the server against ``ca`` and presenting ``cert``
+    and ``key`` (for ``tls-auth-clients``), each unless the URL names its own
+    (redis-py's ``ssl_ca_certs``, ``ssl_certfile``, ``ssl_keyfile``); any other URL as
+    it is (plaintext, or a Sentinel's, whose options are its own)."""
+    if not url.lower().startswith("rediss://"):
+        return url
+    base, _, query = url.partition("?")
+    options = parse_qs(query, keep_blank_values=True)
+    files = dict(zip(TLS_FILE_OPTIONS, (ca, cert, key), strict=True))
+    added = {name: path for name, path in files.items() if path and name not in options}
+    if not added:
+        return url
+    return f"{base}?{query + '&' if query else ''}{urlencode(added)}"
 
 
 def check_redis_url(url: str) -> SentinelTarget | None:
