@@ -118,8 +118,12 @@ class Limits:
     (``common.request.streaming``): requests in flight (beyond, the stream's
     requests are not read until one finishes), how long a response may wait to
     be written to a caller that stopped reading, and how long a stream may sit
-    with nothing in flight. The edge also caps calls per client connection (a
-    gRPC server option) and open streams per tenant (``common.request.stream_limits``).
+    with nothing in flight. The edge also caps open streams per tenant
+    (``common.request.stream_limits``) and calls per client connection
+    (``common.request.per_connection``): beyond ``max_streams_per_connection`` a
+    connection's calls wait at the edge, never refused, and beyond
+    ``max_queued_calls_per_connection`` waiting ones it sheds with RESOURCE_EXHAUSTED.
+    By default no client meets either (as Envoy, 2^31-1 calls at once).
     """
 
     max_message_bytes: int = 4 * 1024 * 1024
@@ -129,7 +133,8 @@ class Limits:
     max_stream_requests_in_flight: int = 8
     stream_write_timeout_s: float = 10.0
     stream_idle_timeout_s: float = 300.0
-    max_streams_per_connection: int = 100
+    max_streams_per_connection: int = GRPC_MAX_LIMIT
+    max_queued_calls_per_connection: int = 1024
     max_open_streams_per_tenant: int = 128
 
 
@@ -266,6 +271,7 @@ def parse_limits(root: ConfigNode) -> Limits:
         ("max_metadata_bytes", MIN_METADATA_BYTES),
         ("max_stream_requests_in_flight", 1),
         ("max_streams_per_connection", 1),
+        ("max_queued_calls_per_connection", 1),
         ("max_open_streams_per_tenant", 1),
     ):
         value = node.get(key, getattr(default, key), kind=int)

@@ -15,11 +15,14 @@ RESOURCE_EXHAUSTED from gRPC itself:
 Every server and channel runs gRPC keepalive (``common.request.keepalive``), so a
 hung peer is found within ``time_s + timeout_s`` (2 s between tiers).
 
-At the edge (the client-facing server) a client connection may carry at most
-``max_streams_per_connection`` calls at once (``grpc.max_concurrent_streams``,
-HTTP/2's SETTINGS_MAX_CONCURRENT_STREAMS): a client's further calls wait in the
-client until one ends. Inner tiers leave it unbounded: all traffic from the tier
-above shares one connection, bounded by the tenants' limits already.
+No server announces an HTTP/2 stream limit a client could meet
+(``grpc.max_concurrent_streams`` is 2^31-1, as Envoy's): a client may open streams
+before it has read the server's SETTINGS, and streams over a smaller limit would be
+reset with REFUSED_STREAM, which a stock client reports as UNAVAILABLE. At the edge
+(the client-facing server) ``max_streams_per_connection`` bounds a connection's calls
+at once instead, by queueing (``common.request.per_connection``). Inner tiers leave
+it unbounded: all traffic from the tier above shares one connection, bounded by the
+tenants' limits already.
 """
 
 from __future__ import annotations
@@ -30,12 +33,13 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from common.config.access import Limits
+from common.config.access import GRPC_MAX_LIMIT, Limits
 from common.config.liveness import Keepalive
 from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.keepalive import keepalive_channel_args, keepalive_server_args
+from common.request.per_connection import ConnectionSlots, ConnectionSlotsInterceptor
 from common.request.replicas import REPLICA_HEALTH
 
 V2_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].full_name
@@ -47,15 +51,13 @@ def server_options(
     limits: Limits,
     keepalive: Keepalive | None = None,
     *,
-    edge: bool = False,
     reuse_port: bool = False,
 ) -> list[tuple[str, int]]:
     """gRPC server options enforcing ``limits`` and ``keepalive`` (default: between
     tiers); see the module docstring. ``reuse_port``: share the port with the other
     workers of this tier (``Endpoint.reuse_port``)."""
-    per_connection = [("grpc.max_concurrent_streams", limits.max_streams_per_connection)]
     return [
-        *(per_connection if edge else []),
+        ("grpc.max_concurrent_streams", GRPC_MAX_LIMIT),
         # grpcio turns SO_REUSEPORT on by default, so a second server on a taken port
         # would start silently and share it; a router must fail loudly instead. Only the
         # workers of one tier process share it, on purpose (cli.workers checks that the
@@ -110,7 +112,7 @@ class V2Server:
     metadata sizes (default: ``Limits()``, 4 MiB and 16 KiB). ``interceptors``
     wrap every handler (``common.request.call.CallInterceptor`` records inference calls).
     ``keepalive``: how it pings its callers (default: as between tiers).
-    ``edge``: the client-facing server, which caps calls per connection.
+    ``edge``: the client-facing server, which caps calls per connection (by queueing).
     """
 
     def __init__(
@@ -130,14 +132,22 @@ class V2Server:
         self.port = endpoint.port
         self.health = health.aio.HealthServicer()
         self._server = grpc.aio.server(
-            options=server_options(
-                self.limits, keepalive, edge=edge, reuse_port=endpoint.reuse_port
-            ),
-            interceptors=list(interceptors),
+            options=server_options(self.limits, keepalive, reuse_port=endpoint.reuse_port),
+            interceptors=[*self._edge_interceptors(edge), *interceptors],
         )
         pb_grpc.add_GRPCInferenceServiceServicer_to_server(servicer, self._server)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self._services = [V2_SERVICE, health.SERVICE_NAME]
+
+    def _edge_interceptors(self, edge: bool) -> list[grpc.aio.ServerInterceptor]:
+        """The edge's cap on calls per connection, first: a waiting call runs nothing."""
+        if not edge:
+            return []
+        limits = self.limits
+        slots = ConnectionSlots(
+            limits.max_streams_per_connection, limits.max_queued_calls_per_connection
+        )
+        return [ConnectionSlotsInterceptor(slots)]
 
     def add_service(self, register: Callable[[grpc.aio.Server], None], name: str) -> None:
         """Serve another service (``name`` is its full name, for reflection); before start."""

@@ -148,8 +148,9 @@ def test_stream_limits_default_when_absent() -> None:
         limits.stream_write_timeout_s,
         limits.stream_idle_timeout_s,
         limits.max_streams_per_connection,
+        limits.max_queued_calls_per_connection,
         limits.max_open_streams_per_tenant,
-    ) == (8, 10.0, 300.0, 100, 128)
+    ) == (8, 10.0, 300.0, 2**31 - 1, 1024, 128)  # no stock client meets the connection's
 
 
 def test_stream_limits_read_from_topology() -> None:
@@ -159,6 +160,7 @@ def test_stream_limits_read_from_topology() -> None:
         "stream_write_timeout_s": 1.5,
         "stream_idle_timeout_s": 30,
         "max_streams_per_connection": 10,
+        "max_queued_calls_per_connection": 20,
         "max_open_streams_per_tenant": 3,
     }
     limits = topology_from_mapping(raw).limits
@@ -167,8 +169,9 @@ def test_stream_limits_read_from_topology() -> None:
         limits.stream_write_timeout_s,
         limits.stream_idle_timeout_s,
         limits.max_streams_per_connection,
+        limits.max_queued_calls_per_connection,
         limits.max_open_streams_per_tenant,
-    ) == (2, 1.5, 30.0, 10, 3)
+    ) == (2, 1.5, 30.0, 10, 20, 3)
 
 
 @pytest.mark.parametrize(
@@ -176,6 +179,8 @@ def test_stream_limits_read_from_topology() -> None:
     [
         ("max_stream_requests_in_flight", 0, "must be between 1 and"),
         ("max_streams_per_connection", -1, "must be between 1 and"),
+        ("max_streams_per_connection", 2**31, "must be between 1 and 2147483647"),
+        ("max_queued_calls_per_connection", 0, "must be between 1 and"),
         ("max_open_streams_per_tenant", 2.5, "expected int"),
         ("stream_write_timeout_s", 0, "must be > 0 and at most 86400 s"),
         ("stream_idle_timeout_s", float("nan"), "must be > 0 and at most 86400 s"),

@@ -9,6 +9,7 @@ request after ``hold_s`` (or once its gate opens) and counts the requests it hol
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
@@ -218,11 +219,11 @@ async def test_a_refused_or_failed_stream_gives_its_count_back(front: Make) -> N
     assert f.proxy.open_streams is not None and f.proxy.open_streams.count("anonymous") == 0
 
 
-async def test_the_edge_caps_calls_per_connection(front: Make) -> None:
+async def test_the_edge_queues_calls_over_the_per_connection_cap(front: Make) -> None:
+    # Opened at once on a fresh connection, before the client has read the server's
+    # SETTINGS: the edge announces no HTTP/2 limit they could meet, and holds the
+    # third call itself until one of the first two ends; none is refused.
     f = await front(Limits(max_streams_per_connection=2), edge=True)
-    # Connect first: streams opened before the server's SETTINGS arrive are not yet
-    # bound by its limit (and a refused one may be left pending in grpc's client).
-    await f.stub.ServerLive(pb.ServerLiveRequest(), timeout=5)
     f.child.gate.clear()
     calls = [
         f.stub.ModelStreamInfer(
@@ -230,13 +231,79 @@ async def test_the_edge_caps_calls_per_connection(front: Make) -> None:
         )
         for i in range(3)
     ]
+    for _ in range(200):
+        if f.child.holding == 2:
+            break
+        await asyncio.sleep(0.01)
     await asyncio.sleep(0.3)
-    assert f.child.holding == 2  # the third call waits in the client for a free stream
+    assert f.child.holding == 2  # the third call waits at the edge for a free slot
     f.child.gate.set()
     for call in calls:
         assert len([r async for r in call]) == 1
         assert await call.code() == grpc.StatusCode.OK
     assert sorted(f.child.seen) == ["0", "1", "2"]
+    assert f.child.most_held == 2
+
+
+async def ended(call: Any) -> grpc.StatusCode:
+    """``call``'s status once its responses are read (grpc gives it only after them)."""
+    with contextlib.suppress(grpc.aio.AioRpcError):  # its status, read below
+        async for _ in call:
+            pass
+    code: grpc.StatusCode = await call.code()
+    return code
+
+
+async def test_the_edge_sheds_calls_beyond_its_per_connection_queue(front: Make) -> None:
+    limits = Limits(max_streams_per_connection=1, max_queued_calls_per_connection=1)
+    f = await front(limits, edge=True)
+    f.child.gate.clear()
+    calls = [
+        f.stub.ModelStreamInfer(
+            iter([generate_request(MODEL, "hi", request_id=str(i), stream=True)]), timeout=10
+        )
+        for i in range(3)
+    ]
+    codes = [asyncio.ensure_future(ended(call)) for call in calls]
+    # One call runs, one waits, the third is shed at once (whichever order they came in).
+    done, _ = await asyncio.wait(codes, timeout=5, return_when=asyncio.FIRST_COMPLETED)
+    [shed] = [calls[codes.index(c)] for c in done]
+    assert await shed.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    details = await shed.details() or ""
+    assert "limits.max_queued_calls_per_connection" in details, details
+    assert dict(await shed.trailing_metadata() or ())[RETRY_AFTER_MS] == "500"
+    for _ in range(200):
+        if f.child.holding:
+            break
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0.2)
+    assert f.child.holding == 1  # the other waits at the edge
+    f.child.gate.set()
+    assert sorted([(await c).name for c in codes]) == ["OK", "OK", "RESOURCE_EXHAUSTED"]
+    assert len(f.child.seen) == 2 and f.child.most_held == 1
+
+
+async def test_a_call_that_gives_up_waiting_leaves_no_slot_taken(front: Make) -> None:
+    f = await front(Limits(max_streams_per_connection=1), edge=True)
+    f.child.gate.clear()
+    running = f.stub.ModelStreamInfer(
+        iter([generate_request(MODEL, "hi", request_id="running", stream=True)]), timeout=10
+    )
+    for _ in range(200):
+        if f.child.holding:
+            break
+        await asyncio.sleep(0.01)
+    waiting = f.stub.ModelStreamInfer(
+        iter([generate_request(MODEL, "hi", request_id="gave up", stream=True)]), timeout=0.3
+    )
+    assert await ended(waiting) == grpc.StatusCode.DEADLINE_EXCEEDED
+    f.child.gate.set()
+    assert await ended(running) == grpc.StatusCode.OK
+    after = f.stub.ModelStreamInfer(
+        iter([generate_request(MODEL, "hi", request_id="after", stream=True)]), timeout=5
+    )
+    assert await ended(after) == grpc.StatusCode.OK
+    assert f.child.seen == ["running", "after"]  # the one that gave up never ran
 
 
 async def test_inner_tiers_do_not_cap_calls_per_connection(front: Make) -> None:
