@@ -42,6 +42,7 @@ from bench.chaos_faults import (
     Bench,
     Fault,
     Phase,
+    Timing,
     run_phase,
 )
 from bench.chaos_fleet import FleetUnderTest, bench_fleet_spec
@@ -59,6 +60,15 @@ EXCLUDED = (
     "`global` entry, so `meridian up` cannot run a second replica to fail over to; killing "
     "it fails every call by construction",
 )
+
+
+class OverBudget(Exception):
+    """The whole run took longer than ``--budget-s``."""
+
+
+class RunFailed(Exception):
+    """A step inside the run gave up (a restarted process not ready in time, say): not
+    the budget, whatever the exception's type; the message says which step."""
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -81,6 +91,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=2048,
         help="max_concurrent of tenant bulk, who opens the unread streams (default 2048)",
     )
+    p.add_argument(
+        "--timing",
+        help="PRE,HOLD,SETTLE,WINDOW seconds of each phase (default: the mode's, "
+        f"full {','.join(f'{v:g}' for v in vars(FULL_TIMING).values())})",
+    )
     p.add_argument("--max-shots", type=int, default=2_000_000, help="bound on calls made")
     p.add_argument("--budget-s", type=float, default=None, help="hard limit (default 300/900)")
     p.add_argument("--seed", type=int, default=16)
@@ -100,6 +115,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--faults: unknown {unknown}; known: {names}")
     args.chosen = [f for n in chosen for f in FAULTS if f.name == n]
     args.budget_s = args.budget_s or (300.0 if args.quick else 900.0)
+    args.phase_timing = QUICK_TIMING if args.quick else FULL_TIMING
+    if args.timing:
+        try:
+            seconds = [float(v) for v in args.timing.split(",")]
+            if len(seconds) != 4 or not all(0 <= v < 3600 for v in seconds):
+                raise ValueError(args.timing)
+            args.phase_timing = Timing(*seconds)
+        except ValueError:
+            p.error(f"--timing: expected four numbers PRE,HOLD,SETTLE,WINDOW, got {args.timing}")
     whole = not args.quick and not args.faults
     args.out = args.out or RESULTS / ("chaos.json" if whole else "chaos_quick.json")
     args.command = " ".join(["python -m bench.chaos", *(sys.argv[1:] if argv is None else argv)])
@@ -126,7 +150,7 @@ async def _run(args: argparse.Namespace, fleet: FleetUnderTest) -> dict[str, Any
         for _ in range(args.limited_callers)
     ]
     abuse = Abuse(unread_streams=args.unread_streams)
-    timing = QUICK_TIMING if args.quick else FULL_TIMING
+    timing = args.phase_timing
     bench = Bench(fleet, load, limited_stub, timing, abuse, rng)
     cpu0, wall0, own0, load0 = (
         fleet.sample_cpu(),
@@ -232,7 +256,15 @@ async def _main(args: argparse.Namespace) -> dict[str, Any]:
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     try:
-        return await asyncio.wait_for(_run(args, fleet), args.budget_s)
+        # The budget cancels the run (CancelledError inside, TimeoutError out of the
+        # block); a TimeoutError inside is a step's own (a wait that gave up).
+        async with asyncio.timeout(args.budget_s):
+            try:
+                return await _run(args, fleet)
+            except TimeoutError as exc:
+                raise RunFailed(f"{type(exc).__name__}: {exc}") from exc
+    except TimeoutError as exc:
+        raise OverBudget(f"over --budget-s ({args.budget_s:.0f} s)") from exc
     finally:
         await asyncio.to_thread(fleet.close)
         if not args.keep_logs:
@@ -246,8 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     except (asyncio.CancelledError, KeyboardInterrupt):
         print("interrupted; every process the bench started is stopped", file=sys.stderr)
         raise SystemExit(130) from None
-    except TimeoutError:
-        print(f"over --budget-s ({args.budget_s:.0f} s); everything stopped", file=sys.stderr)
+    except (OverBudget, RunFailed) as exc:
+        print(f"{exc}; everything stopped", file=sys.stderr)
         raise SystemExit(1) from None
     print(render(result), flush=True)
     if not args.no_write:

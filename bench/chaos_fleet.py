@@ -35,6 +35,7 @@ from bench.chaos_procs import Proc, alive, argv_of, children, cpu_seconds, redis
 from cli.launcher import DEMO_FLEET, tier_ready
 from cli.processes import PARENT_PID_ENV
 from common.config.topology import Topology, load_topology
+from sim.openai_server import gpu_probe
 
 ROOT = Path(__file__).resolve().parent.parent
 BULK_TENANT = "bulk"
@@ -51,6 +52,8 @@ def bench_fleet_spec(
     spec: dict[str, Any] = yaml.safe_load(fleet_file.read_text())
     spec["global"]["listen"] = "127.0.0.1:0"
     spec["global"]["ops_listen"] = "127.0.0.1:0"
+    if "openai_listen" in spec["global"]:
+        spec["global"]["openai_listen"] = "127.0.0.1:0"  # and off the demo's 8000
     tenants = spec.setdefault("auth", {}).setdefault("tenants", [])
     tenants.append(
         {
@@ -184,8 +187,9 @@ class FleetUnderTest:
             time.sleep(0.02)
 
     def ready(self, role: str) -> bool:
-        """Whether ``role`` serves: Redis answers PING, every GPU of a worker ServerReady, a
-        tier its ops ``/readyz`` (plain HTTP: no tier certificate needed to ask)."""
+        """Whether ``role`` serves: Redis answers PING, every GPU of a worker by its own
+        protocol (a V2 GPU ServerReady, an OpenAI GPU ``/health``: ``gpu_probe``), a tier
+        its ops ``/readyz`` (plain HTTP: no tier certificate needed to ask)."""
         topo = self.topology
         assert topo is not None
         if role == "redis":
@@ -199,7 +203,7 @@ class FleetUnderTest:
         if role.startswith("worker-"):
             zone = role.removeprefix("worker-")
             gpus = [g for r in topo.regions for z in r.zones if z.name == zone for g in z.gpus]
-            return all(tier_ready(g.endpoint.address, None, 0.3) for g in gpus)
+            return all(tier_ready(gpu_probe(g), None, 0.3) for g in gpus)
         try:
             with urllib.request.urlopen(f"http://{self.ops_of(role)}/readyz", timeout=0.3) as r:
                 return bool(r.status == 200)
