@@ -39,7 +39,7 @@ from common.basics.errors import RouteError
 from common.config.access import Limits
 from common.config.node import Endpoint
 from common.config.openai_edge import OpenAIEdgeConfig
-from common.request.call import CallInterceptor
+from common.request.call import CURRENT_CALL, CallInterceptor
 from common.request.openai_call import CallAborted, HttpCallContext, call_metadata
 from common.request.openai_json import (
     Answer,
@@ -220,6 +220,12 @@ class OpenAIEdge:
         """Answer a request refused before the proxy ran, as an observed (counted) call."""
 
         async def refuse() -> None:
+            # A caller known by its key leaves one usage record, as a V2 call refused
+            # for its request does (``InferenceProxy`` reads the hints before parsing).
+            call = CURRENT_CALL.get()
+            if call is not None and call.hints is None:
+                with contextlib.suppress(RouteError):  # the key itself was refused
+                    call.hints = self.proxy.hints(ctx, call)
             await ctx.abort(err.code, err.message, err.trailers)
 
         with contextlib.suppress(CallAborted):
