@@ -29,6 +29,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import redis
+from redis.maint_notifications import MaintNotificationsConfig
 
 from common.basics.processes import stop_process
 
@@ -205,6 +206,9 @@ class EmbeddedRedis:
             username=self.username,
             password=self.password,
             socket_connect_timeout=0.2,
+            # Only INFO: no CLIENT commands on connect, which an ACL may refuse (and log).
+            driver_info=None,
+            maint_notifications_config=MaintNotificationsConfig(enabled=False),
         )
         deadline = time.monotonic() + timeout_s
         try:

@@ -29,6 +29,7 @@ import redis.asyncio.sentinel as asentinel
 import redis.sentinel as ssentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.connection import parse_url
+from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry as SyncRetry
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -210,6 +211,11 @@ class ClientOptions:
             "socket_timeout": self.socket_timeout,
             "socket_connect_timeout": self.socket_connect_timeout,
             "decode_responses": self.decode_responses,
+            # No CLIENT SETINFO nor CLIENT MAINT_NOTIFICATIONS on connect: a role's ACL
+            # user may not run CLIENT (common.operations.redis_acl), and each refusal
+            # would be an ACL LOG entry that an operator watching for denials sees.
+            "driver_info": None,
+            "maint_notifications_config": MaintNotificationsConfig(enabled=False),
         }
         if self.retry is not None:
             out["retry"] = self.retry
