@@ -50,7 +50,7 @@ FUZZ = settings(
     derandomize=True,
     database=None,
     deadline=None,
-    max_examples=25,
+    max_examples=20,
     suppress_health_check=list(HealthCheck),
 )
 PLAIN = st.characters(exclude_categories=["Cs"])  # what UTF-8 (a V2 prompt) can carry

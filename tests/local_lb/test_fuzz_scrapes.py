@@ -24,7 +24,7 @@ FUZZ = settings(
     derandomize=True,
     database=None,
     deadline=None,
-    max_examples=300,
+    max_examples=200,
     suppress_health_check=[HealthCheck.too_slow],
 )
 NAMES = st.sampled_from(

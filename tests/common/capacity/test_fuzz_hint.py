@@ -21,7 +21,7 @@ FUZZ = settings(
     derandomize=True,
     database=None,
     deadline=None,
-    max_examples=300,
+    max_examples=200,
     suppress_health_check=[HealthCheck.too_slow],
 )
 UINT32 = st.integers(0, 2**32 - 1)

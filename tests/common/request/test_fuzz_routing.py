@@ -40,7 +40,7 @@ FUZZ = settings(
     derandomize=True,
     database=None,
     deadline=None,
-    max_examples=300,
+    max_examples=200,
     suppress_health_check=[HealthCheck.too_slow],
 )
 KNOWN = sorted(CLIENT_KEYS | INTERNAL_KEYS | TRACE_KEYS)

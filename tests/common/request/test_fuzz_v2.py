@@ -34,7 +34,7 @@ FUZZ = settings(
     derandomize=True,
     database=None,
     deadline=None,
-    max_examples=250,
+    max_examples=200,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 SMALL = Limits(max_prompt_bytes=64, max_inputs=2)
