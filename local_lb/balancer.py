@@ -49,7 +49,7 @@ from local_lb.cost import (
     sharing,
 )
 from local_lb.handoff import QueueHandOff
-from local_lb.learning import RateLearner
+from local_lb.learning import RateLearner, served_work
 from local_lb.publication import UtilisationBands
 from local_lb.queue import CentralQueue
 from local_lb.queue_entries import QueueFull, QueueRejected, QueueTimeout, QueueUnserved, queue_key
@@ -256,7 +256,7 @@ class LocalBalancer:
         if pick.prefix_blocks:
             cached = self.view.prefix.matches(pick.prefix_blocks, MATCH_MEMO_LIMIT).get(gpu.name, 0)
             self.view.prefix.record(pick.prefix_blocks, gpu.name)
-        work = request_work(pick.prompt_tokens, pick.max_tokens, cached * BLOCK_TOKENS)
+        work = request_work(pick.prompt_tokens, pick.output_tokens, cached * BLOCK_TOKENS)
         self.view.took(pick.work)
         now = self.clock()
         # What the policy expected, and the per-try basis (both exclude this request).
@@ -285,13 +285,14 @@ class LocalBalancer:
             work,
             now,
             model=pick.model,
-            max_tokens=pick.max_tokens,
+            planned_output=pick.output_tokens,
             tenant=tenant,
             concurrent=gpu.outstanding_requests,
             holds_breaker=breaker,
             reason=reason,
             estimated_s=gpu_completion_s(gpu, work, shared),
-            expected_s=attempt_expected_s(gpu, work, ahead),
+            # The per-try basis plans at the cap: an answer may run to it.
+            expected_s=attempt_expected_s(gpu, work + pick.max_tokens - pick.output_tokens, ahead),
             policy=self.policy_name,
             cached_blocks=cached,
         )
@@ -316,7 +317,9 @@ class LocalBalancer:
         self.view.load.record_trailer(gpu.name, outcome.trailers, now)
         if outcome.code == grpc.StatusCode.OK:
             self.resilience.record_success(gpu.name)
-            self.rates.finished_ok(gpu, lease.work, outcome.elapsed_s, lease.concurrent)
+            self.rates.finished_ok(
+                gpu, served_work(lease, outcome), outcome.elapsed_s, lease.concurrent
+            )
             self.readiness.request_succeeded(gpu)
         elif outcome.child_fault or outcome.timed_out:
             self.resilience.record_failure(gpu.name)

@@ -5,8 +5,20 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from common.request.balancer import Lease, Outcome
 from local_lb.cost import ewma, rate_sample
 from local_lb.state import GpuChild
+
+
+def served_work(lease: Lease, outcome: Outcome) -> float:
+    """The work an OK attempt really did: its planned work with the planned output
+    replaced by the length its GPU reported (the plan itself when none was reported).
+    A GPU's rate is learned from this, so answers shorter or longer than planned
+    teach its true speed rather than the plan's error."""
+    reported = outcome.completion_tokens
+    if reported is None:
+        return lease.work
+    return max(0.0, lease.work + reported - lease.planned_output)
 
 
 @dataclass

@@ -80,7 +80,7 @@ class CompletionTimePicker:
 
     def cost(self, gpu: GpuChild, request: PickRequest, cached_blocks: int, now: float) -> float:
         """When ``request`` would finish on ``gpu``, which caches its first blocks."""
-        uncached_work = request_work(request.prompt_tokens, request.max_tokens)
+        uncached_work = request_work(request.prompt_tokens, request.output_tokens)
         return self._cost(gpu, request, cached_blocks, uncached_work, now)
 
     def _cost(
@@ -90,7 +90,7 @@ class CompletionTimePicker:
         A method, not a closure: compiled with mypyc (``sim.native``) a closure made per
         request and its environment hold each other, a cycle for the cyclic GC."""
         work = (
-            request_work(request.prompt_tokens, request.max_tokens, blocks * BLOCK_TOKENS)
+            request_work(request.prompt_tokens, request.output_tokens, blocks * BLOCK_TOKENS)
             if blocks
             else uncached_work
         )
@@ -121,7 +121,7 @@ class CompletionTimePicker:
         # Ties (idle GPUs of one class) go to the session's GPU, else a random one,
         # not always the first listed.
         cost, rand = self._cost, self.rng.random
-        uncached_work = request_work(request.prompt_tokens, request.max_tokens)
+        uncached_work = request_work(request.prompt_tokens, request.output_tokens)
         ranked = sorted(
             candidates.values(),
             key=lambda g: (

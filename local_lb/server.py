@@ -373,7 +373,7 @@ def build_local_tier(
         monitor=monitor, make_gpu=make_gpu,
     )  # fmt: skip
     return TierServer(
-        TierSpec(tier="local", trust_internal=True, resolve_origin=no_origin),
+        TierSpec(tier="local", trust_internal=True, resolve_origin=no_origin, gpu_children=True),
         local_policy(topology, zone),
         children,
         balancer,

@@ -121,6 +121,12 @@ class _Call:
         self.pick = pick
         self.served = served
 
+    @property
+    def reported_completion(self) -> int | None:
+        """The answer's length, as the GPU's server reports it once the job is done."""
+        job = self.served.job
+        return None if job is None else job.output_tokens
+
 
 class _ToRegion(_Call):
     """The global tier's call to a regional tier, which forwards to a zone."""
@@ -242,6 +248,7 @@ class RequestFlow:
         return home
 
     async def serve(self, req: SimRequest) -> None:
+        forwarding = self.deployment.global_forwarding
         pick = PickRequest(
             req.model,
             "",
@@ -254,12 +261,16 @@ class RequestFlow:
             req.tenant,
             # The edge carries only the leading blocks down; the GPU sees the whole prompt.
             prefix_blocks=req.prefix_blocks[:MAX_CARRIED_BLOCKS],
+            # Planned at the edge from the answers it has seen; the inner tiers, which
+            # see the same answers pass, take the edge's plan rather than each
+            # building a request of its own.
+            planned_output=forwarding.outputs.planned(req.model, req.max_tokens),
         )
         home = self.home_region(req)
         served = _Served(req.prefix_blocks, req.output_tokens)
         call = _ToRegion(self.deployment, pick, served)
         try:
-            await self.deployment.global_forwarding.forward(call, pick, _DOWN, None)
+            await forwarding.forward(call, pick, _DOWN, None)
         except RouteError as err:
             self.recorder.failed(
                 req,

@@ -17,8 +17,10 @@ import grpc
 from opentelemetry.trace import Span
 
 from common.basics.geo import GeoPoint
+from common.gen.inference import grpc_service_pb2 as pb
 from common.request.balancer import Lease
 from common.request.children import Child
+from common.request.tokens import TokenCount
 
 T = TypeVar("T")
 T_co = TypeVar("T_co", covariant=True)
@@ -35,6 +37,12 @@ class Attempt(Protocol[T_co]):
         """A response byte went back to the caller: the call can no longer fail over."""
         ...
 
+    @property
+    def reported_completion(self) -> int | None:
+        """The answer's length in tokens as the child reported it, once answered
+        (None: not reported, or not answered yet)."""
+        ...
+
     async def send(
         self, child: Child, metadata: Metadata, timeout: float | None
     ) -> tuple[T_co, Any]:
@@ -49,11 +57,16 @@ class UnaryAttempt(Generic[T]):
     method: str
     request: Any
     committed: bool = False
+    reported_completion: int | None = None
 
     async def send(self, child: Child, metadata: Metadata, timeout: float | None) -> tuple[T, Any]:
         assert child.stub is not None
         call = getattr(child.stub, self.method)(self.request, metadata=metadata, timeout=timeout)
         response = await call
+        if isinstance(response, pb.ModelInferResponse):
+            count = TokenCount()
+            count.add(response)
+            self.reported_completion = count.completion
         # A tuple, iterated several times below (route, capacity hint, load, passed up),
         # where grpc's Metadata iterates through a generator each time.
         return response, tuple(await call.trailing_metadata())

@@ -52,8 +52,8 @@ class Lease:
     work: float
     started_at: float
     model: str = ""
-    # Decode tokens asked for: what an OK attempt is counted as having generated.
-    max_tokens: int = 0
+    # Decode tokens the lease's work was planned at (PickRequest.output_tokens).
+    planned_output: int = 0
     tenant: str = ""
     # Requests in flight on the child when this one started (itself included).
     concurrent: int = 1
@@ -81,7 +81,8 @@ class Outcome:
 
     code: grpc.StatusCode
     elapsed_s: float
-    completion_tokens: int = 0
+    # The answer's length as the child reported it (None: failed, or not reported).
+    completion_tokens: int | None = None
     trailers: Any = ()
     detail: str = ""
     # Cancelled by its per-try timeout: the child sent nothing back in time.
@@ -130,7 +131,7 @@ class RankingBalancer:
                     pick.work_tokens,
                     self.children.clock(),
                     model=pick.model,
-                    max_tokens=pick.max_tokens,
+                    planned_output=pick.output_tokens,
                     tenant=pick.tenant,
                     candidates=len(ranked),
                     reason=self.reason(pick, child, ranked, tried),

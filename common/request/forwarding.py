@@ -53,6 +53,7 @@ from common.request.attempt import (
 )
 from common.request.balancer import Balancer, Lease, Outcome
 from common.request.children import Child
+from common.request.output_length import OutputLengths
 from common.request.per_try import PerTryExpired, within_per_try
 from common.request.pick import PickRequest
 from common.request.resilience import RetryBudget
@@ -175,6 +176,7 @@ class Forwarder:
         budget: RetryBudget | None = None,
         tracing: AttemptTracing | None = None,
         hint_source: Callable[[str], str | None] = lambda model: None,
+        outputs: OutputLengths | None = None,
         rng: random.Random | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -185,6 +187,8 @@ class Forwarder:
         self.tracing = tracing
         # This tier's newest capacity for a model in trailer form (capacity.summary.encode_hint).
         self.hint = hint_source
+        # The answers' lengths this tier has seen: what it plans requests at.
+        self.outputs = outputs or OutputLengths()
         self.rng = rng or random.Random()
         self.clock = clock
 
@@ -259,7 +263,7 @@ class Forwarder:
         except Exception as exc:  # never leak a lease, whatever went wrong
             self.settle(lease, grpc.StatusCode.INTERNAL, (), repr(exc))
             raise RouteError(grpc.StatusCode.INTERNAL, f"forwarding failed: {exc!r}") from None
-        self.settle(lease, grpc.StatusCode.OK, trailers)
+        self.settle(lease, grpc.StatusCode.OK, trailers, completion=attempt.reported_completion)
         return result, trailers
 
     def _expired(self, lease: Lease, exc: PerTryExpired) -> Failover:
@@ -337,12 +341,16 @@ class Forwarder:
         detail: str = "",
         *,
         timed_out: bool = False,
+        completion: int | None = None,
     ) -> None:
-        tokens = lease.max_tokens if code == grpc.StatusCode.OK else 0
+        """Give the lease back with how its attempt ended; ``completion``: the answer's
+        length as the child reported it (None: not reported)."""
         elapsed = self.clock() - lease.started_at
         if self.tracing is not None:
             self.tracing.end_attempt(lease, code, detail, elapsed)
-        outcome = Outcome(code, elapsed, tokens, trailers, detail, timed_out=timed_out)
+        if completion is not None:
+            self.outputs.observe(lease.model, completion)
+        outcome = Outcome(code, elapsed, completion, trailers, detail, timed_out=timed_out)
         self.balancer.release(lease, outcome)
 
     def _failed(self, lease: Lease, exc: grpc.aio.AioRpcError, *, committed: bool) -> Failover:

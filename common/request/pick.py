@@ -34,17 +34,28 @@ class PickRequest:
     allowed_regions: frozenset[str] = frozenset()
     # Chained hashes of the prompt's leading blocks (common.request.prefix), computed at the edge.
     prefix_blocks: tuple[int, ...] = ()
+    # The output this tier plans for (common.request.output_length): at most the cap,
+    # less when the answers seen are shorter. None: the cap.
+    planned_output: int | None = None
 
     @property
     def work_tokens(self) -> float:
-        """Work this request adds to a child, in tokens (prefill plus decode)."""
+        """Tokens this request may cost at most (prompt plus the cap): what quotas and
+        time limits count."""
         return float(self.prompt_tokens + self.max_tokens)
 
     @property
+    def output_tokens(self) -> int:
+        """The output planned for: ``planned_output``, or the cap when none was set."""
+        planned = self.planned_output
+        return self.max_tokens if planned is None else planned
+
+    @property
     def work(self) -> float:
-        """Work this request puts on a GPU with nothing cached, in the unit of a zone's
-        backlog and throughput (decode tokens plus weighted prefill)."""
-        return self.max_tokens + PREFILL_WEIGHT * self.prompt_tokens
+        """Work this request is expected to put on a GPU with nothing cached, in the
+        unit of a zone's backlog and throughput (planned decode tokens plus weighted
+        prefill)."""
+        return self.output_tokens + PREFILL_WEIGHT * self.prompt_tokens
 
 
 class Picker(Protocol):

@@ -276,6 +276,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         if gen is not None and not blocks:
             # The edge hashes the prompt once; inner tiers reuse what it sent.
             blocks = tuple(prompt_block_hashes(gen.prompt, model=model, limit=MAX_CARRIED_BLOCKS))
+        max_tokens = gen.max_tokens if gen else 0
         return PickRequest(
             model=model,
             version=version,
@@ -283,9 +284,10 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             session=hints.session,
             priority=hints.priority,
             prompt_tokens=gen.prompt_tokens if gen else 0,
-            max_tokens=gen.max_tokens if gen else 0,
+            max_tokens=max_tokens,
             tenant=hints.tenant,
             client_region=hints.client_region,
             allowed_regions=hints.allowed_regions,
             prefix_blocks=blocks,
+            planned_output=self.forwarder.outputs.planned(model, max_tokens),
         )

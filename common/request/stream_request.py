@@ -83,6 +83,10 @@ class StreamRequestAttempt:
     # Served by ModelInfer, in one response (a child whose stream is not Triton's).
     whole: bool = False
 
+    @property
+    def reported_completion(self) -> int | None:
+        return self.count.completion
+
     async def send(
         self, child: Child, metadata: Metadata, timeout: float | None
     ) -> tuple[None, Any]:

@@ -15,10 +15,19 @@ by request id). What one stream may hold is bounded (``common.config.access.Limi
   slots) go back and their child calls, down to the GPU, are cancelled;
 * a stream with nothing in flight and no new request for ``stream_idle_timeout_s``
   ends with DEADLINE_EXCEEDED as well;
-* responses waiting to be written: one per request in flight (each request waits
-  for its write before reading its child's next response; gRPC flow control holds
+* responses waiting to be written: at most ``coalesce.MAX_HELD`` per request in
+  flight (beyond, the request stops reading its child; gRPC flow control holds
   the rest back in the child, and the emulated GPU's bounded queue holds its
   generation back).
+
+**Writing.** One writer task per stream writes every response, so a request never
+waits for a write before reading its child's next response: what arrives while the
+writer is busy waits in the request's ``Outbox`` and goes up as one message
+(``common.request.coalesce``). With ``coalesce_s`` (``limits.stream_coalesce_ms``, at
+the tier whose children are the GPUs) the writer also holds a request's first
+waiting response that long before writing what has gathered, unless the request has
+ended. The write timeout is one timer per stream, re-armed only when it fires: no
+per-message timer, lock or task.
 
 A request that fails — refused at parse, place or admission, or failing after it
 committed — gets an ``error_message`` naming its request id and the stream goes
@@ -30,7 +39,9 @@ tier above can fail over on it as on a unary call.
 from __future__ import annotations
 
 import asyncio
+from collections import deque
 from collections.abc import AsyncIterator
+from functools import partial
 
 import grpc
 
@@ -38,6 +49,7 @@ from common.basics.errors import RouteError
 from common.config.access import Limits
 from common.gen.inference import grpc_service_pb2 as pb
 from common.request.call import CallRecord
+from common.request.coalesce import Outbox
 from common.request.stream_request import (
     Release,
     RequestPath,
@@ -52,11 +64,13 @@ __all__ = ["Release", "RequestPath", "StreamRelay", "no_release"]
 
 
 class StreamRelay:
-    """One caller's stream: a reader task takes its requests, one task serves each.
+    """One caller's stream: a reader task takes its requests, one task serves each,
+    one writer task writes their responses (see the module docstring).
 
-    ``relay`` returns when the caller has half-closed and every request has ended,
-    or raises the RouteError the stream must end with (a write or idle timeout, or
-    a single-request stream's failure); either way nothing it started outlives it.
+    ``relay`` returns when the caller has half-closed, every request has ended and
+    everything they put out was written, or raises the RouteError the stream must end
+    with (a write or idle timeout, or a single-request stream's failure); either way
+    nothing it started outlives it.
     """
 
     def __init__(
@@ -67,32 +81,42 @@ class StreamRelay:
         limits: Limits,
         *,
         single: bool = False,
+        coalesce_s: float = 0.0,
     ) -> None:
         self.context = context
         self.record = record
         self.path = path
         self.single = single
+        self.coalesce_s = coalesce_s
         self.write_timeout_s = limits.stream_write_timeout_s
         self.idle_timeout_s = limits.stream_idle_timeout_s
         # One permit per request in flight: the reader takes one before reading.
         self.slots = asyncio.Semaphore(limits.max_stream_requests_in_flight)
-        self.in_flight: set[asyncio.Task[None]] = set()
+        self.in_flight: dict[asyncio.Task[None], Outbox] = {}
         self.reading = True
         self.failure: RouteError | None = None
         self.ended = asyncio.Event()
-        self._write_lock = asyncio.Lock()
         self._idle: asyncio.TimerHandle | None = None
+        self._loop = asyncio.get_running_loop()
+        # Outboxes holding responses, oldest first; the writer's wake-up while it waits.
+        self._queue: deque[Outbox] = deque()
+        self._wake: asyncio.Future[None] | None = None
+        self._writing_since: float | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
 
     async def relay(self, requests: AsyncIterator[pb.ModelInferRequest]) -> None:
         """Relay the whole stream (see the class docstring)."""
         reader = asyncio.create_task(self._read(requests))
+        writer = asyncio.create_task(self._write_loop())
         self._idle_from_now()
         try:
             await self.ended.wait()
         finally:
             self.ended.set()  # from here on nothing starts an idle clock or writes
             self._not_idle()
-            tasks = [reader, *self.in_flight]
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+            tasks = [reader, writer, *self.in_flight]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -122,30 +146,41 @@ class StreamRelay:
     def _start(self, request: pb.ModelInferRequest) -> None:
         if not self.record.model:
             self.record.model = request.model_name
-        one = StreamRequest(request, self.record, self.path, self.write)
-        task = asyncio.create_task(serve_request(one, self._refused, self._ending_code))
-        self.in_flight.add(task)
+        box = Outbox(self._ready)
+        one = StreamRequest(request, self.record, self.path, box.put)
+        refused = partial(self._refused, box)
+        task = asyncio.create_task(serve_request(one, refused, self._ending_code))
+        self.in_flight[task] = box
         task.add_done_callback(self._finished)
 
     def _finished(self, task: asyncio.Task[None]) -> None:
-        self.in_flight.discard(task)
+        box = self.in_flight.pop(task, None)
         self.slots.release()
+        if box is not None and box.parts:
+            box.closing = True  # what it holds goes now, without a window
+            self._wake_writer()
         self._end_if_done()
 
     def _end_if_done(self) -> None:
-        """Nothing in flight: the stream is over once the caller half-closed, else idle."""
-        if self.in_flight or self.ended.is_set():
+        """Nothing in flight or left to write: the stream is over once the caller
+        half-closed, else idle."""
+        if self.in_flight or self._queue or self._writing_since is not None:
+            return
+        if self.ended.is_set():
             return
         if self.reading:
             self._idle_from_now()
         else:
             self.ended.set()
 
-    async def _refused(self, request: pb.ModelInferRequest, err: RouteError) -> None:
+    async def _refused(self, box: Outbox, request: pb.ModelInferRequest, err: RouteError) -> None:
         if self.single:
-            self._fail(err)  # the tier above learns the status and may fail over
+            # The tier above learns the status and may fail over; what the request
+            # already put out goes first (the status follows its responses).
+            await box.wait_drained()
+            self._fail(err)
         else:
-            await self.write(error_response(request, err))
+            await box.put(error_response(request, err))
 
     def _ending_code(self) -> grpc.StatusCode:
         """The status of a request cut short because its stream is ending."""
@@ -162,36 +197,89 @@ class StreamRelay:
 
     # ------------------------------------------------------------------ writing
 
-    async def write(self, response: pb.ModelStreamInferResponse) -> None:
-        """Write one response to the caller, or end the stream if it cannot be written
-        within the write timeout (then the calling request's task is cancelled)."""
-        if self.ended.is_set():
-            return  # the stream is ending; this request's task is being cancelled
+    def _ready(self, box: Outbox) -> None:
+        """``box`` holds a response again: queue it for the writer."""
+        box.since = self._loop.time()
+        self._queue.append(box)
+        self._wake_writer()
+
+    def _wake_writer(self) -> None:
+        wake = self._wake
+        if wake is not None and not wake.done():
+            wake.set_result(None)
+
+    async def _write_loop(self) -> None:
+        """Write what the outboxes hold, oldest first, until the stream ends."""
+        queue = self._queue
+        while not self.ended.is_set():
+            if not queue:
+                self._end_if_done()
+                await self._sleep(None)
+                continue
+            box = queue[0]
+            if self.coalesce_s and not box.closing:
+                wait = box.since + self.coalesce_s - self._loop.time()
+                if wait > 0:
+                    await self._sleep(wait)
+                    continue
+            queue.popleft()
+            response = box.take()
+            if box.parts:  # something it could not merge: its turn comes again
+                self._ready(box)
+            await self._write(response)
+            box.taken()
+
+    async def _sleep(self, seconds: float | None) -> None:
+        """Until ``_wake_writer`` (or ``seconds``, when given)."""
+        self._wake = wake = self._loop.create_future()
+        timer = None if seconds is None else self._loop.call_later(seconds, _settle, wake)
         try:
-            async with asyncio.timeout(self.write_timeout_s):
-                async with self._write_lock:
-                    await self.context.write(response)
-        except TimeoutError:
-            self._fail(
-                RouteError(
-                    grpc.StatusCode.DEADLINE_EXCEEDED,
-                    f"caller stopped reading: a response waited {self.write_timeout_s:g} s "
-                    "to be written (limits.stream_write_timeout_s); the stream's requests "
-                    "in flight were cancelled",
-                )
-            )
+            await wake
+        finally:
+            self._wake = None
+            if timer is not None:
+                timer.cancel()
+
+    async def _write(self, response: pb.ModelStreamInferResponse) -> None:
+        """Write one response to the caller; a failure to write ends the stream."""
+        self._writing_since = self._loop.time()
+        if self._watchdog is None:
+            self._watchdog = self._loop.call_later(self.write_timeout_s, self._check_write)
+        try:
+            await self.context.write(response)
         except (grpc.RpcError, grpc.aio.BaseError, asyncio.InvalidStateError, RuntimeError) as exc:
             # The call is already over (the caller went away mid-write; grpc.aio may say
             # so with an InternalError): the caller's doing, never the child's.
             failed = f"writing to the caller failed: {exc}"
             self._fail(RouteError(grpc.StatusCode.CANCELLED, failed))
+        finally:
+            self._writing_since = None
+
+    def _check_write(self) -> None:
+        """The write timeout's timer: a write still under way after the timeout ends
+        the stream; else it is armed again for the write under way, if any."""
+        self._watchdog = None
+        since = self._writing_since
+        if since is None or self.ended.is_set():
+            return
+        left = since + self.write_timeout_s - self._loop.time()
+        if left > 0:
+            self._watchdog = self._loop.call_later(left, self._check_write)
+            return
+        self._fail(
+            RouteError(
+                grpc.StatusCode.DEADLINE_EXCEEDED,
+                f"caller stopped reading: a response waited {self.write_timeout_s:g} s "
+                "to be written (limits.stream_write_timeout_s); the stream's requests "
+                "in flight were cancelled",
+            )
+        )
 
     # ------------------------------------------------------------------ idle
 
     def _idle_from_now(self) -> None:
         self._not_idle()
-        loop = asyncio.get_running_loop()
-        self._idle = loop.call_later(self.idle_timeout_s, self._idle_expired)
+        self._idle = self._loop.call_later(self.idle_timeout_s, self._idle_expired)
 
     def _not_idle(self) -> None:
         if self._idle is not None:
@@ -207,3 +295,8 @@ class StreamRelay:
                 "(limits.stream_idle_timeout_s); open a new stream when there is more to send",
             )
         )
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)

@@ -236,8 +236,10 @@ def test_stock_tritonclient_against_the_global_endpoint(demo_fleet: Fleet) -> No
     assert ["text_input", "BYTES"] in out["inputs"]
     assert len(out["unary_text"].split()) == 6
     assert out["stream_errors"] == []
-    assert len(out["stream_tokens"]) == 5
-    assert out["stream_finals"] == [False] * 4 + [True]
+    # One response per token, unless tokens that came while a tier wrote went up as one.
+    assert 1 <= len(out["stream_tokens"]) <= 5
+    finals = out["stream_finals"]
+    assert finals == [False] * (len(finals) - 1) + [True]
 
 
 def test_health_and_reflection_on_the_global_tier(demo_fleet: Fleet) -> None:

@@ -191,7 +191,7 @@ def test_a_sampled_out_request_passes_its_decision_down(monkeypatch) -> None:  #
 
 def _lease(name: str = "g1", port: int = 7001) -> Lease:
     child = Child(name, Endpoint("127.0.0.1", port), frozenset({"m"}))
-    return Lease(child, 1.0, 0.0, model="m", max_tokens=8, reason="prefix", cached_blocks=3)
+    return Lease(child, 1.0, 0.0, model="m", planned_output=8, reason="prefix", cached_blocks=3)
 
 
 def _call(tracing: tm.TierTracing, **fields: Any) -> CallRecord:

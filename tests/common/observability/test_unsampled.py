@@ -30,7 +30,7 @@ def no_otel_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _lease() -> Lease:
     child = Child("g1", Endpoint("127.0.0.1", 7001), frozenset({"m"}))
-    return Lease(child, 1.0, 0.0, model="m", max_tokens=8)
+    return Lease(child, 1.0, 0.0, model="m", planned_output=8)
 
 
 @pytest.mark.parametrize(

@@ -71,6 +71,7 @@ class Answering:
     trailers: tuple[tuple[str, str], ...]
     method: str = "ModelInfer"
     committed: bool = False
+    reported_completion: int | None = None
     timeouts: list[float | None] = field(default_factory=list)
 
     async def send(self, child: Child, metadata: Any, timeout: float | None) -> tuple[str, Any]:
@@ -123,3 +124,13 @@ async def test_a_deadline_already_spent_is_deadline_exceeded_without_an_attempt(
     assert attempt.timeouts == []
     assert fwd.budget.active_requests == 0
     assert [c.outstanding_requests for c in fwd.balancer.ranked(PICK)] == [0]
+
+
+async def test_an_answer_reported_length_teaches_the_tier_what_to_plan_for() -> None:
+    fwd = forwarder(Clock())
+    assert fwd.outputs.planned(MODEL, 4096) == 4096
+    await fwd.forward(Answering((), reported_completion=120), PICK, HINTS, None)
+    assert fwd.outputs.planned(MODEL, 4096) == 120
+    # An answer whose length was not reported teaches nothing.
+    await fwd.forward(Answering((), reported_completion=None), PICK, HINTS, None)
+    assert fwd.outputs.typical[MODEL] == 120
