@@ -287,7 +287,7 @@ def _git(*argv: str) -> str:
     ).stdout.strip()
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--before", default=DEFAULT_BEFORE)
@@ -303,7 +303,11 @@ def main() -> None:
     parser.add_argument("--protocols", default="v2,sse")
     parser.add_argument("--variants", default="before,after,after+window")
     parser.add_argument("--no-write", action="store_true")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> None:
+    args = parse_args()
     if args.child:
         child(args)
         return
