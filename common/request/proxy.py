@@ -55,6 +55,10 @@ class TierSpec:
     # Inner tiers believe internal metadata from the tier above; the edge does not.
     trust_internal: bool
     resolve_origin: Callable[[RouteHints], GeoPoint | None]
+    # Its children are the GPU servers, where a stream's tokens enter the chain: the
+    # tier that holds them for ``limits.stream_coalesce_ms`` (once: a window at every
+    # tier would add up) so that every tier above relays fewer, larger messages.
+    gpu_children: bool = False
 
 
 class Gate(Protocol):
@@ -103,6 +107,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         self.gate: Gate = gate or OpenGate()
         self.limits = limits or Limits()
         self.models = frozenset(m for c in children for m in c.models)
+        self.coalesce_s = self.limits.stream_coalesce_ms / 1000 if spec.gpu_children else 0.0
         # Open streams per tenant, capped at the edge only: inner tiers see one stream
         # per request in flight, which the tenant's concurrency cap already bounds.
         self.open_streams = (
@@ -199,6 +204,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
                     self._request_path(hints, context, call),
                     self.limits,
                     single=hints.single_request,
+                    coalesce_s=self.coalesce_s,
                 )
                 await relay.relay(request_iterator)
             finally:
@@ -217,7 +223,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
         try:
             hints = call.hints = self.hints(context, call)
             path = self._request_path(hints, context, call)
-            relay = StreamRelay(context, call, path, self.limits, single=True)
+            relay = StreamRelay(
+                context, call, path, self.limits, single=True, coalesce_s=self.coalesce_s
+            )
             await relay.relay(_one(request))
         except RouteError as err:
             await self.abort(context, err, call.model)

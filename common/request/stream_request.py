@@ -82,6 +82,8 @@ class StreamRequestAttempt:
 
     # Served by ModelInfer, in one response (a child whose stream is not Triton's).
     whole: bool = False
+    # The last response relayed whose counts are not read yet (``settle_count``).
+    _last: pb.ModelInferResponse | None = field(default=None, init=False, repr=False)
 
     @property
     def reported_completion(self) -> int | None:
@@ -104,6 +106,7 @@ class StreamRequestAttempt:
                     break
                 await self._relay(response)
             else:
+                self.settle_count()
                 return None, await call.trailing_metadata()
         finally:
             # Abandoned (the stream ended, a write timed out): the child, and the GPU
@@ -113,16 +116,32 @@ class StreamRequestAttempt:
         return await self._send_unary(child, metadata, timeout)
 
     async def _relay(self, response: pb.ModelStreamInferResponse) -> None:
+        """Hand one response to the stream's writer, reading only what this tier needs:
+        whether it is an error, whether it carries output; the counts are read once,
+        from the last response (``settle_count``), unless it carries count tensors of
+        its own (Triton's per-response ``num_output_tokens``, summed as they come)."""
         self.committed = True  # a response goes back: no failover from here on
         if response.error_message:
             self.error = response.error_message
         else:
-            self.count.add(response.infer_response)
-            if len(response.infer_response.outputs):
+            infer = response.infer_response
+            outputs = len(infer.outputs)
+            if outputs:
                 self.tokens += 1
+                if self.first_response_at is None:
+                    self.first_response_at = time.monotonic()
+            if outputs > 1:
+                self.count.add(infer)
+                self._last = None
+            else:
+                self._last = infer
         await self.write(response)
-        if self.first_response_at is None and self.tokens:
-            self.first_response_at = time.monotonic()
+
+    def settle_count(self) -> None:
+        """Read the counts of the last response relayed (totals so far); idempotent."""
+        if self._last is not None:
+            self.count.add(self._last)
+            self._last = None
 
     async def _send_unary(
         self, child: Child, metadata: Metadata, timeout: float | None
@@ -133,6 +152,7 @@ class StreamRequestAttempt:
         response = await call
         self.whole = True
         await self._relay(pb.ModelStreamInferResponse(infer_response=response))
+        self.settle_count()
         return None, await call.trailing_metadata()
 
 
@@ -228,6 +248,7 @@ class StreamRequest:
     def report(self) -> None:
         """Hand the finished request's record to the stream's observers."""
         record = self.record
+        self.attempt.settle_count()
         self.attempt.count.fill(record, completion_estimate=self.completion_tokens())
         record.streamed = wants_stream(self.request) and not self.attempt.whole
         if self.attempt.first_response_at is not None:
