@@ -26,6 +26,7 @@ from pathlib import Path
 import redis
 
 from cli.options import HelpFormatter
+from common.basics.redis_embed import redis_server_version
 from common.basics.redis_url import redact, sync_redis, with_credentials
 from common.config.node import ConfigError
 from common.config.topology import Topology, load_topology
@@ -38,6 +39,7 @@ from common.operations.redis_acl import (
     default_rules,
     fleet_users,
     password_sha256,
+    selectors_supported,
 )
 
 
@@ -100,10 +102,10 @@ def apply_users(
     Redis saved them to its ACL file."""
     client = _admin_client(url, passwords[ADMIN])
     try:
+        selectors = selectors_supported(str(client.info("server")["redis_version"]))
         for user in users:
-            client.execute_command(
-                "ACL", "SETUSER", user.name, *user.rules(password_sha256(passwords[user.name]))
-            )
+            rules = user.rules(password_sha256(passwords[user.name]), selectors=selectors)
+            client.execute_command("ACL", "SETUSER", user.name, *rules)
         client.execute_command("ACL", "SETUSER", "default", *default_rules(default))
         try:
             client.execute_command("ACL", "SAVE")
@@ -138,6 +140,12 @@ def _parser() -> argparse.ArgumentParser:
         help="apply: this Redis (repeatable; default: every Redis the topology names)",
     )
     parser.add_argument("--out", metavar="FILE", help="render: write here (mode 0600), not stdout")
+    parser.add_argument(
+        "--redis-version",
+        default="7.0",
+        metavar="VERSION",
+        help="render: for this Redis (7.0 and later: a selector per grant; apply asks Redis)",
+    )
     return parser
 
 
@@ -163,7 +171,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     passwords = read_passwords(directory, users)
     if args.action == "render":
-        text = acl_file(users, passwords, default)
+        selectors = selectors_supported(args.redis_version)
+        text = acl_file(users, passwords, default, selectors=selectors)
         if args.out is None:
             sys.stdout.write(text)
         else:
@@ -203,7 +212,9 @@ class FleetAcl:
         users = fleet_users(topology)
         self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_passwords(self.directory, users)
-        text = acl_file(users, read_passwords(self.directory, users), DefaultUser.READ_ONLY)
+        passwords = read_passwords(self.directory, users)
+        selectors = selectors_supported(redis_server_version())
+        text = acl_file(users, passwords, DefaultUser.READ_ONLY, selectors=selectors)
         fd = os.open(self.acl_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(text)

@@ -64,6 +64,18 @@ def redis_server_binary() -> str:
     )
 
 
+def redis_server_version(binary: str | None = None) -> str:
+    """The version of ``binary`` (default: ``redis_server_binary()``), e.g. ``6.2.14``."""
+    out = subprocess.run(
+        [binary or redis_server_binary(), "--version"],
+        capture_output=True, text=True, timeout=10, check=True,
+    ).stdout  # fmt: skip
+    for word in out.split():
+        if word.startswith("v="):
+            return word[2:]
+    raise RuntimeError(f"redis-server --version said nothing of its version: {out!r}")
+
+
 _handed_out: set[int] = set()
 
 

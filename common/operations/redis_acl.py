@@ -19,12 +19,16 @@ user                                  keys (commands)                           
 
 The edge runs its quota and usage Lua scripts with EVALSHA/EVAL; Redis checks
 every command a script calls against the calling user's commands and keys, so
-EVAL widens nothing: the commands the scripts call are granted on the edge's
-keys only. Redis 6 grants a key pattern for reading and writing alike, so a
-regional tier could also append to its own zones' streams and the edge delete its
-own quota keys: within what each already decides, never another region's or
-another role's keys. The ``default`` user (no password) is turned off, or, for a
-fleet on one machine, may read everything and write nothing (``DefaultUser``).
+EVAL widens nothing. A user is a list of grants (commands on key patterns). On
+Redis 7 and later each grant is an ACL selector of its own, so a command is
+allowed only on its own grant's keys: the regional tier reads its zones' streams
+and appends only its region's, the edge may only XADD to the usage stream (never
+SET, DEL or XTRIM it) and only read the region streams. Redis 6 has no selectors:
+a user may run each of its commands on each of its keys, so there the regional tier
+could also append to its own zones' streams, and the edge append to region streams
+or overwrite the usage stream: still never another role's keys. The ``default``
+user (no password) is turned off, or, for a fleet on one machine, may read
+everything and write nothing (``DefaultUser``).
 
 Every user's rules start with ``reset``, so applying them again (``ACL SETUSER``)
 replaces what was there. Passwords travel as their SHA-256 (``#<hex>``): neither
@@ -41,7 +45,6 @@ from dataclasses import dataclass
 
 from common.capacity.streams import region_stream, zone_stream
 from common.config.identity import GLOBAL, Identity, check_segment, local, regional
-from common.config.node import ConfigError
 from common.config.topology import Topology
 from common.tenancy.usage_record import USAGE_STREAM, batch_key, meta_key
 
@@ -51,20 +54,17 @@ USAGE = "meridian/usage"
 QUOTA_PREFIX = "meridian:quota"
 LEASE_PREFIX = "meridian:concurrency"
 
-# What every user may do on its connection besides its role's commands (SELECT:
-# a URL may name a database; key patterns hold in every database alike).
+# What every user may run that names no key: PING, SELECT (a URL may name a
+# database; key patterns hold in every database alike), and the edge's TIME, WAIT
+# (usage_replicas_ack) and script loading.
 _CONNECTION = ("ping", "select")
 _STREAM_READ = ("xread", "xrevrange")
-_STREAM_WRITE = ("xadd",)
 # The edge's scripts (common.tenancy.quota_scripts, common.tenancy.usage): sent by
-# EVALSHA, loaded by SCRIPT LOAD or EVAL, and the commands they call; WAIT for
-# usage_replicas_ack.
-_SCRIPTS = ("evalsha", "eval", "script|load", "script|exists")
-_SCRIPT_CALLS = (
-    "time", "get", "set", "del", "exists", "expire", "pexpire",
-    "zadd", "zrem", "zcard", "zremrangebyscore",
-    "hset", "hsetnx", "hincrby", "xadd",
-)  # fmt: skip
+# EVALSHA, loaded by SCRIPT LOAD or EVAL; the commands each calls on its keys.
+_SCRIPTS = ("evalsha", "eval")
+_SCRIPT_LOADING = ("script|load", "script|exists", "time", "wait")
+_QUOTA_CALLS = ("get", "set", "del", "pexpire", "zadd", "zrem", "zcard", "zremrangebyscore")
+_USAGE_CALLS = (("xadd",), ("hsetnx", "hincrby", "hset"), ("exists", "expire", "set"))
 _USAGE_READ = ("xrange", "xrevrange", "xinfo|stream", "xlen", "hgetall")
 _OBSERVER = ("+@read", "+info", "+ping", "+select")
 
@@ -79,23 +79,49 @@ class DefaultUser(enum.Enum):
 
 
 @dataclass(frozen=True)
-class RedisUser:
-    """One ACL user: who, which keys (glob patterns), which commands."""
+class Grant:
+    """Commands (or ``@categories``) allowed on the keys matching ``keys`` (globs)."""
 
-    name: str
     keys: tuple[str, ...]
     commands: tuple[str, ...]
 
-    def rules(self, password_sha256: str | None) -> list[str]:
+
+@dataclass(frozen=True)
+class RedisUser:
+    """One ACL user: its grants, and the commands it may run that name no key."""
+
+    name: str
+    grants: tuple[Grant, ...]
+    keyless: tuple[str, ...] = _CONNECTION
+
+    def rules(self, password_sha256: str | None, *, selectors: bool = False) -> list[str]:
         """Its ``ACL SETUSER`` rules, from a clean slate (``reset``); without a
-        password the user is off (nobody can log in as it)."""
+        password the user is off. ``selectors`` (Redis 7+): each grant a selector of
+        its own, so a command is allowed only on its grant's keys. Without (Redis 6):
+        the union of the grants, every command on every key of the user."""
         login = ["on", f"#{password_sha256}"] if password_sha256 else ["off"]
-        keys = [f"~{pattern}" for pattern in self.keys]
-        return ["reset", *login, *keys, "resetchannels", "-@all", *self.commands]
+        head = ["reset", *login, "resetchannels", "-@all", *(f"+{c}" for c in self.keyless)]
+        if selectors:
+            return [*head, *(_selector(grant) for grant in self.grants)]
+        keys = dict.fromkeys(k for grant in self.grants for k in grant.keys)
+        commands = dict.fromkeys(c for grant in self.grants for c in grant.commands)
+        return [*head, *(f"~{k}" for k in keys), *(f"+{c}" for c in commands)]
 
     def password_file(self) -> str:
         """Where its password lives under a passwords directory (``local/R/Z``)."""
         return self.name.removeprefix(USER_PREFIX)
+
+
+def _selector(grant: Grant) -> str:
+    return (
+        "(" + " ".join([*(f"~{k}" for k in grant.keys), *(f"+{c}" for c in grant.commands)]) + ")"
+    )
+
+
+def selectors_supported(redis_version: str) -> bool:
+    """Whether a Redis of this version (``7.2.4``) has ACL selectors (7.0 and later)."""
+    major = redis_version.split(".", 1)[0]
+    return major.isdigit() and int(major) >= 7
 
 
 def user_name(identity: Identity) -> str:
@@ -108,27 +134,17 @@ def glob_escape(text: str) -> str:
     return _GLOB_SPECIAL.sub(r"\\\1", text)
 
 
-def _grant(commands: Iterable[str]) -> tuple[str, ...]:
-    return tuple(f"+{c}" for c in (*_CONNECTION, *commands))
-
-
 def local_user(region: str, zone: str) -> RedisUser:
     """A local tier appends its zone's summaries; it reads nothing."""
-    return RedisUser(
-        user_name(local(region, zone)),
-        (glob_escape(zone_stream(region, zone)),),
-        _grant(_STREAM_WRITE),
-    )
+    own = Grant((glob_escape(zone_stream(region, zone)),), ("xadd",))
+    return RedisUser(user_name(local(region, zone)), (own,))
 
 
 def regional_user(region: str) -> RedisUser:
     """A regional tier follows its zones' streams and appends its region's summaries."""
-    zones = glob_escape(zone_stream(region, "")) + "*"
-    return RedisUser(
-        user_name(regional(region)),
-        (zones, glob_escape(region_stream(region))),
-        _grant((*_STREAM_READ, *_STREAM_WRITE)),
-    )
+    zones = Grant((glob_escape(zone_stream(region, "")) + "*",), _STREAM_READ)
+    own = Grant((glob_escape(region_stream(region)),), ("xadd",))
+    return RedisUser(user_name(regional(region)), (zones, own))
 
 
 def usage_keys(stream: str = USAGE_STREAM) -> tuple[str, str, str]:
@@ -142,26 +158,29 @@ def usage_keys(stream: str = USAGE_STREAM) -> tuple[str, str, str]:
 
 def edge_user() -> RedisUser:
     """The global tier (and its OpenAI edge): follows every region's stream, runs the
-    quota and lease scripts and writes usage records."""
-    keys = (
-        glob_escape(region_stream("")) + "*",
-        f"{QUOTA_PREFIX}:*",
-        f"{LEASE_PREFIX}:*",
-        *usage_keys(),
+    quota and lease scripts and the usage script. With selectors a script may be
+    started on its keys, and each command it calls is held to its own key: the usage
+    stream takes XADD only (no SET, DEL or XTRIM of the bills), the region streams
+    are read only."""
+    quotas = (f"{QUOTA_PREFIX}:*", f"{LEASE_PREFIX}:*")
+    usage = usage_keys()
+    grants = (
+        Grant((glob_escape(region_stream("")) + "*",), _STREAM_READ),
+        Grant(quotas, (*_SCRIPTS, *_QUOTA_CALLS)),
+        Grant(usage, _SCRIPTS),
+        *(Grant((key,), calls) for key, calls in zip(usage, _USAGE_CALLS, strict=True)),
     )
-    return RedisUser(
-        user_name(GLOBAL), keys, _grant((*_STREAM_READ, *_SCRIPTS, *_SCRIPT_CALLS, "wait"))
-    )
+    return RedisUser(user_name(GLOBAL), grants, (*_CONNECTION, *_SCRIPT_LOADING))
 
 
 def usage_user() -> RedisUser:
     """``meridian usage``: reads the usage stream and its meta hash, writes nothing."""
-    return RedisUser(USAGE, usage_keys()[:2], _grant(_USAGE_READ))
+    return RedisUser(USAGE, (Grant(usage_keys()[:2], _USAGE_READ),))
 
 
 def admin_user() -> RedisUser:
     """The operator: every command on every key (it applies the others)."""
-    return RedisUser(ADMIN, ("*",), ("+@all",))
+    return RedisUser(ADMIN, (Grant(("*",), ("@all",)),), ("@all",))
 
 
 def fleet_users(topology: Topology) -> list[RedisUser]:
@@ -188,25 +207,18 @@ def default_rules(default: DefaultUser) -> list[str]:
     return ["reset", "on", "nopass", "~*", "resetchannels", "-@all", *_OBSERVER]
 
 
-def acl_file(users: Iterable[RedisUser], passwords: Mapping[str, str], default: DefaultUser) -> str:
+def acl_file(
+    users: Iterable[RedisUser],
+    passwords: Mapping[str, str],
+    default: DefaultUser,
+    *,
+    selectors: bool = False,
+) -> str:
     """An ACL file (redis-server ``aclfile``) for ``users``, with the passwords of
-    ``passwords`` (by user name) as SHA-256; a user without one is off."""
+    ``passwords`` (by user name) as SHA-256; a user without one is off. ``selectors``:
+    for Redis 7 and later (``selectors_supported``)."""
     lines = [f"user default {' '.join(default_rules(default))}"]
     for user in users:
         digest = password_sha256(passwords[user.name]) if user.name in passwords else None
-        lines.append(f"user {user.name} {' '.join(user.rules(digest))}")
+        lines.append(f"user {user.name} {' '.join(user.rules(digest, selectors=selectors))}")
     return "\n".join(lines) + "\n"
-
-
-def role_user(command: str, region: str = "", zone: str = "") -> str:
-    """The user a ``meridian`` command runs as: ``global``, ``regional`` (of ``region``),
-    ``local`` (of ``region``/``zone``) or ``usage``."""
-    if command == "global":
-        return user_name(GLOBAL)
-    if command == "regional":
-        return user_name(regional(region))
-    if command == "local":
-        return user_name(local(region, zone))
-    if command == "usage":
-        return USAGE
-    raise ConfigError(f"no Redis user for the command {command!r}")
