@@ -34,7 +34,10 @@ import yaml
 from bench.chaos_procs import Proc, alive, argv_of, children, cpu_seconds, redis_command, still
 from cli.launcher import DEMO_FLEET, tier_ready
 from cli.processes import PARENT_PID_ENV
+from cli.redis_acl import FleetAcl
+from common.basics.redis_url import with_credentials
 from common.config.topology import Topology, load_topology
+from common.operations.redis_acl import ADMIN
 from sim.openai_server import gpu_probe
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -114,7 +117,7 @@ class FleetUnderTest:
         self.procs = children(self.up.pid)
         if "redis" in self.procs:
             redis_proc = self.procs["redis"]
-            redis_proc.command = redis_command(redis_proc.pid, self.redis_url)
+            redis_proc.command = redis_command(redis_proc.pid, self.admin_redis_url)
 
     @property
     def global_address(self) -> str:
@@ -125,6 +128,18 @@ class FleetUnderTest:
     def redis_url(self) -> str:
         assert self.topology is not None
         return self.topology.redis_url
+
+    @property
+    def admin_redis_url(self) -> str:
+        """The Redis URL as its admin user, for CONFIG GET (``meridian up`` runs its
+        Redis with an ACL user per role and a read-only default user; the passwords are
+        in ``<run_dir>/redis-acl``). Without that directory: ``redis_url`` as it is."""
+        acl = FleetAcl(self.run_dir / "redis-acl")
+        password_file = acl.password_file(ADMIN)
+        if not password_file.is_file():
+            return self.redis_url
+        password = password_file.read_text().rstrip("\r\n")
+        return with_credentials(self.redis_url, ADMIN, password)
 
     def send(self, role: str, sig: signal.Signals) -> None:
         proc = self.procs[role]

@@ -81,6 +81,7 @@ REDIS_OPTIONS = (
     "aof-use-rdb-preamble",
     "protected-mode",
     "requirepass",
+    "aclfile",
     "maxmemory",
     "maxmemory-policy",
 )

@@ -51,13 +51,6 @@ class ConnectionSlots:
     max_queued: int
     _connections: dict[str, _Connection] = field(default_factory=dict)
 
-    def in_use(self, peer: str) -> tuple[int, int]:
-        """(running, waiting) calls of connection ``peer``."""
-        conn = self._connections.get(peer)
-        if conn is None:
-            return 0, 0
-        return conn.users - conn.waiting, conn.waiting
-
     @asynccontextmanager
     async def slot(self, peer: str, context: grpc.aio.ServicerContext) -> AsyncIterator[None]:
         """Hold one of ``peer``'s slots for the block, waiting for one if all are taken;

@@ -140,10 +140,12 @@ class V2Server:
         self._services = [V2_SERVICE, health.SERVICE_NAME]
 
     def _edge_interceptors(self, edge: bool) -> list[grpc.aio.ServerInterceptor]:
-        """The edge's cap on calls per connection, first: a waiting call runs nothing."""
-        if not edge:
-            return []
+        """The edge's cap on calls per connection, first: a waiting call runs nothing.
+        None at the default cap (2^31-1 calls, more than any connection can open): no
+        call would ever wait, so no call pays for the count."""
         limits = self.limits
+        if not edge or limits.max_streams_per_connection >= GRPC_MAX_LIMIT:
+            return []
         slots = ConnectionSlots(
             limits.max_streams_per_connection, limits.max_queued_calls_per_connection
         )
