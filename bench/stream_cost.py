@@ -144,7 +144,7 @@ async def sse_caller(
     while time.monotonic() < stop:
         got = messages = 0
         try:
-            async with http.post(f"{url}/v1/completions", json=body, headers=headers) as resp:
+            async with http.post(f"{url}/completions", json=body, headers=headers) as resp:
                 if resp.status != 200:
                     raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:200]}")
                 async for line in resp.content:
