@@ -184,6 +184,9 @@ def _run_up(args: argparse.Namespace) -> None:
         topo = fleet.topology
         kept = f"  (append-only file in {fleet.redis.data_dir})" if fleet.redis else ""
         print(f"redis      {topo.redis_url}{kept}")
+        if fleet.acl is not None:
+            where = fleet.acl.directory
+            print(f"redis acl  a user per role, passwords in {where} (anyone may read, not write)")
         for region in topo.regions:
             print(f"region     {region.name:<14} regional tier {region.endpoint}")
             for zone in region.zones:
