@@ -90,6 +90,18 @@ def _workers_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--worker-index", type=int, default=None, help=argparse.SUPPRESS)
 
 
+def _redis_options(p: argparse.ArgumentParser) -> None:
+    """How a tier reaches Redis besides its topology: another URL, its ACL password."""
+    p.add_argument("--redis", metavar="URL", help="Redis URL, overriding the topology's redis_url")
+    p.add_argument(
+        "--redis-password-file",
+        metavar="FILE",
+        help="log in to Redis as this tier's ACL user (meridian/global, "
+        "meridian/regional/R, meridian/local/R/Z) with the password in FILE; also "
+        "$MERIDIAN_REDIS_PASSWORD_FILE or $MERIDIAN_REDIS_PASSWORD (meridian redis-acl)",
+    )
+
+
 def _server_parsers(sub: Any, env: LogSettings) -> None:
     grace = {
         "metavar": "SECONDS",
@@ -97,7 +109,6 @@ def _server_parsers(sub: Any, env: LogSettings) -> None:
         "default": 5.0,
         "help": "seconds to finish in-flight calls on SIGTERM",
     }
-    redis = {"metavar": "URL", "help": "Redis URL, overriding the topology's redis_url"}
     for name, where, what in (
         ("global", (), "run the global tier (picks a region)"),
         ("regional", ("region",), "run one region's regional tier (picks a zone)"),
@@ -105,14 +116,7 @@ def _server_parsers(sub: Any, env: LogSettings) -> None:
     ):
         p = sub.add_parser(name, help=what, description=what, formatter_class=HelpFormatter)
         _tier_options(p, where, env)
-        p.add_argument("--redis", **redis)
-        p.add_argument(
-            "--redis-password-file",
-            metavar="FILE",
-            help="log in to Redis as this tier's ACL user (meridian/global, "
-            "meridian/regional/R, meridian/local/R/Z) with the password in FILE; also "
-            "$MERIDIAN_REDIS_PASSWORD_FILE or $MERIDIAN_REDIS_PASSWORD (meridian redis-acl)",
-        )
+        _redis_options(p)
         if name == "global":
             p.add_argument(
                 "--auth-file",
