@@ -62,7 +62,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--fleet", help="a topology YAML to simulate instead of a generated fleet")
     _workload_options(run)
     run.add_argument("--scenarios", default="all", help="comma-separated names, or 'all'")
-    run.add_argument("--policies", default="all", help="comma-separated names, or 'all'")
+    run.add_argument(
+        "--policies",
+        default="all",
+        help="comma-separated names, or 'all'; a spill stack takes its threshold as name@0.5",
+    )
     run.add_argument(
         "--requests",
         type=int,
@@ -181,7 +185,7 @@ def _names(text: str, known: list[str], what: str) -> list[str]:
     if text == "all":
         return known
     names = [n.strip() for n in text.split(",") if n.strip()]
-    unknown = [n for n in names if n not in known]
+    unknown = [n for n in names if n.partition("@")[0] not in known]
     if unknown or not names:
         raise ValueError(f"--{what}: unknown {what} {unknown or text!r}; known: {', '.join(known)}")
     return names
@@ -192,7 +196,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     from sim.bound import BOUND
     from sim.deployment import SimSettings
     from sim.measure import Slo
-    from sim.policies import POLICY_SETS
+    from sim.policies import POLICY_SETS, policy_set
     from sim.report import RunResults, ScenarioResult, write_results
     from sim.run import Geography, RunSpec, scenario_workload
     from sim.scenarios import SCENARIOS
@@ -206,6 +210,9 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
     if args.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
     policies = _names(args.policies, [*POLICY_SETS, BOUND], "policies")
+    for name in policies:  # a spill threshold (name@0.5) is checked before any run
+        if name != BOUND:
+            policy_set(name)
     scenarios = [
         s
         for s in SCENARIOS

@@ -39,9 +39,10 @@ factories refuse to build anything. It is a reference, not a bound: the bound is
 
 from __future__ import annotations
 
+import math
 import random
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from common.config.topology import RegionConfig, Topology
 from common.request.pick import Picker
@@ -87,6 +88,21 @@ def spill_region(topology: Topology, rng: random.Random) -> Picker:
     return SpillRegionPicker(
         topology.global_tier.location, topology.summary_ttl_s, rtt_ms=topology.rtt_ms
     )
+
+
+@dataclass(frozen=True)
+class SpillAt:
+    """``spill_region`` with the operator's threshold set to ``threshold``."""
+
+    threshold: float
+
+    def __call__(self, topology: Topology, rng: random.Random) -> Picker:
+        return SpillRegionPicker(
+            topology.global_tier.location,
+            topology.summary_ttl_s,
+            rtt_ms=topology.rtt_ms,
+            threshold=self.threshold,
+        )
 
 
 def least_loaded_zone(topology: Topology, region: RegionConfig, rng: random.Random) -> Picker:
@@ -204,8 +220,26 @@ POLICY_SETS: Mapping[str, PolicySet] = {s.name: s for s in _SETS}
 
 
 def policy_set(name: str) -> PolicySet:
-    """The set called ``name``; ValueError naming it and every known one."""
-    found = POLICY_SETS.get(name)
+    """The set called ``name``; ValueError naming it and every known one.
+
+    A spill stack takes its balancer's threshold after an ``@``:
+    ``nginx_least_conn_spill@0.5`` spills past 50 % of a region's slots (the default,
+    ``SPILL_THRESHOLD``, is what the plain name runs)."""
+    base, at, threshold = name.partition("@")
+    found = POLICY_SETS.get(base)
     if found is None:
         raise ValueError(f"unknown policy {name!r}; known: {', '.join(POLICY_SETS)}")
-    return found
+    if not at:
+        return found
+    if not base.endswith("_spill"):
+        raise ValueError(f"policy {name!r}: only a spill stack (<name>_spill) takes @threshold")
+    try:
+        value = float(threshold)
+    except ValueError:
+        value = math.nan
+    if not 0.0 < value <= 1.0:
+        raise ValueError(
+            f"policy {name!r}: the spill threshold must be in (0, 1], got {threshold!r}"
+        )
+    summary = found.summary.replace(f"{SPILL_THRESHOLD:.0%}", f"{value:.0%}", 1)
+    return replace(found, name=name, summary=summary, region_picker=SpillAt(value))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import re
 from collections import Counter
 
 import pytest
@@ -171,6 +172,23 @@ def test_spill_threshold_is_a_parameter() -> None:
     with pytest.raises(ValueError, match="spill threshold must be positive, got 0"):
         SpillRegionPicker(HOME, TTL, threshold=0)
 
+
+
+def test_a_spill_stack_named_with_a_threshold_runs_at_it() -> None:
+    topology = topology_from_mapping(small_fleet_spec())
+    stack = policy_set("nginx_least_conn_spill@0.5")
+    assert stack.name == "nginx_least_conn_spill@0.5" and "spilling past 50%" in stack.summary
+    picker = stack.region_picker(topology, random.Random(1))
+    assert isinstance(picker, SpillRegionPicker) and picker.threshold == 0.5
+    assert stack.local_policy == policy_set("nginx_least_conn_spill").local_policy
+    for name, error in (
+        ("meridian@0.5", "only a spill stack (<name>_spill) takes @threshold"),
+        ("nginx_least_conn_spill@0", "the spill threshold must be in (0, 1], got '0'"),
+        ("nginx_least_conn_spill@high", "the spill threshold must be in (0, 1], got 'high'"),
+        ("nobody_spill@0.5", "unknown policy 'nobody_spill@0.5'"),
+    ):
+        with pytest.raises(ValueError, match=re.escape(error)):
+            policy_set(name)
 
 def test_spill_prefers_the_measured_matrix() -> None:
     picker = SpillRegionPicker(HOME, TTL, rtt_ms={"fr": {"us": 5.0, "eu": 50.0}})
