@@ -115,19 +115,21 @@ class Outbox:
         merged, or the first alone when it is not one."""
         parts = self.parts
         first = parts[0]
-        if len(parts) == 1 or _text_element(first) is None:
-            run = [first]
-        else:
-            n = 1
-            while n < len(parts) and _text_element(parts[n]) is not None:
-                n += 1
-            run = parts[:n]
-        del parts[: len(run)]
         self.writing = True
-        tokens = sum(1 for r in run if len(r.infer_response.outputs))
-        self.responses += tokens
-        if len(run) == 1:
+        if len(parts) == 1 or _text_element(first) is None:
+            del parts[0]  # the common case, one response per token: nothing to merge
+            tokens = 1 if len(first.infer_response.outputs) else 0
+            self.responses += tokens
             return self._stamped(first) if self.stamping and tokens else first
+        n = 1
+        while n < len(parts) and _text_element(parts[n]) is not None:
+            n += 1
+        run = parts[:n]
+        del parts[:n]
+        if n == 1:
+            self.responses += 1
+            return self._stamped(first) if self.stamping else first
+        self.responses += n  # plain text responses: each carries output
         merged = merge(run)
         params = merged.infer_response.parameters
         if COMPLETION_TOKENS not in params and USAGE not in params:
