@@ -12,7 +12,9 @@ at most ``Limits.max_queued_calls_per_connection`` may wait; beyond, a call is s
 with RESOURCE_EXHAUSTED and ``retry-after-ms``, never UNAVAILABLE.
 
 A connection is what ``context.peer()`` names (``ipv4:host:port``: one TCP connection).
-Every call counts, whatever its service: each holds a stream and a handler.
+Every call counts, whatever its service: each holds a stream and a handler. At the
+default cap (2^31-1) the edge installs none of this (``common.request.server``): no
+call could ever wait.
 """
 
 from __future__ import annotations
