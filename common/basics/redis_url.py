@@ -29,7 +29,6 @@ import redis.asyncio.sentinel as asentinel
 import redis.sentinel as ssentinel
 from redis.asyncio.retry import Retry as AsyncRetry
 from redis.connection import parse_url
-from redis.maint_notifications import MaintNotificationsConfig
 from redis.retry import Retry as SyncRetry
 
 SENTINEL_SCHEME = "redis+sentinel"
@@ -211,11 +210,13 @@ class ClientOptions:
             "socket_timeout": self.socket_timeout,
             "socket_connect_timeout": self.socket_connect_timeout,
             "decode_responses": self.decode_responses,
-            # No CLIENT SETINFO nor CLIENT MAINT_NOTIFICATIONS on connect: a role's ACL
-            # user may not run CLIENT (common.operations.redis_acl), and each refusal
-            # would be an ACL LOG entry that an operator watching for denials sees.
+            # No CLIENT SETINFO on connect: a role's ACL user may not run CLIENT
+            # (common.operations.redis_acl), and each refusal is an ACL LOG entry.
+            # Maintenance notifications stay redis-py's "auto" although their CLIENT
+            # MAINT_NOTIFICATIONS is refused (and ignored) the same way: with them
+            # off, the pool silently reconnects a connection Redis closed, and a
+            # quota's client would not learn that Redis restarted (QuotaRedis.run).
             "driver_info": None,
-            "maint_notifications_config": MaintNotificationsConfig(enabled=False),
         }
         if self.retry is not None:
             out["retry"] = self.retry
