@@ -26,8 +26,8 @@ writer is busy waits in the request's ``Outbox`` and goes up as one message
 (``common.request.coalesce``). With ``coalesce_s`` (``limits.stream_coalesce_ms``, at
 the tier whose children are the GPUs) the writer also holds a request's first
 waiting response that long before writing what has gathered, unless the request has
-ended. The write timeout is one timer per stream, re-armed only when it fires: no
-per-message timer, lock or task.
+ended or that response is its first token (which goes at once). The write timeout is
+one timer per stream, re-armed only when it fires: no per-message timer, lock or task.
 
 A request that fails — refused at parse, place or admission, or failing after it
 committed — gets an ``error_message`` naming its request id and the stream goes
@@ -217,7 +217,9 @@ class StreamRelay:
                 await self._sleep(None)
                 continue
             box = queue[0]
-            if self.coalesce_s and not box.closing:
+            # The window holds what follows a request's first token, never the first:
+            # the time to first token is not traded for CPU.
+            if self.coalesce_s and box.responses and not box.closing:
                 wait = box.since + self.coalesce_s - self._loop.time()
                 if wait > 0:
                     await self._sleep(wait)
