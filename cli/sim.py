@@ -191,12 +191,22 @@ def _names(text: str, known: list[str], what: str) -> list[str]:
     return names
 
 
+def _policies(text: str) -> list[str]:
+    """The ``--policies`` named, each checked (a spill threshold too) before any run."""
+    from sim.bound import BOUND
+    from sim.policies import POLICY_SETS, policy_set
+
+    policies = _names(text, [*POLICY_SETS, BOUND], "policies")
+    for name in policies:
+        if name != BOUND:
+            policy_set(name)
+    return policies
+
+
 def _run(args: argparse.Namespace, out: TextIO) -> int:
     from cli.sim_progress import simulate
-    from sim.bound import BOUND
     from sim.deployment import SimSettings
     from sim.measure import Slo
-    from sim.policies import POLICY_SETS, policy_set
     from sim.report import RunResults, ScenarioResult, write_results
     from sim.run import Geography, RunSpec, scenario_workload
     from sim.scenarios import SCENARIOS
@@ -209,10 +219,7 @@ def _run(args: argparse.Namespace, out: TextIO) -> int:
         raise ValueError(f"--requests must be at least 1, got {args.requests}")
     if args.jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {args.jobs}")
-    policies = _names(args.policies, [*POLICY_SETS, BOUND], "policies")
-    for name in policies:  # a spill threshold (name@0.5) is checked before any run
-        if name != BOUND:
-            policy_set(name)
+    policies = _policies(args.policies)
     scenarios = [
         s
         for s in SCENARIOS
