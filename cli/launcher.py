@@ -93,12 +93,29 @@ def generate_tenant_keys(raw: dict[str, Any]) -> dict[str, str]:
 def generate_admin_key(raw: dict[str, Any]) -> str | None:
     """Replace ``auth.admin_key: generate`` with a fresh key's SHA-256 in
     ``auth.admin_keys``; return the key (print it once), or None."""
+    return _generate_auth_key(raw, "admin_key", "admin_keys")
+
+
+def generate_operator_key(raw: dict[str, Any]) -> str | None:
+    """Replace ``auth.operator_key: generate`` with a fresh key's SHA-256 in
+    ``auth.operator_key_sha256`` (the ops HTTP's /api/*); return the key, or None.
+
+    With ``auth.enabled`` on and no operator key in the file, one is made as if
+    asked for: without it nobody could read the dashboard of the fleet this starts."""
     auth = raw.get("auth") or {}
-    if auth.get("admin_key") != "generate":
+    if auth.get("enabled") is True and "operator_key" not in auth:
+        if "operator_key_sha256" not in auth:
+            auth["operator_key"] = "generate"
+    return _generate_auth_key(raw, "operator_key", "operator_key_sha256")
+
+
+def _generate_auth_key(raw: dict[str, Any], directive: str, digests: str) -> str | None:
+    auth = raw.get("auth") or {}
+    if auth.get(directive) != "generate":
         return None
-    del auth["admin_key"]
+    del auth[directive]
     key, digest = new_key()
-    auth.setdefault("admin_keys", []).append(digest)
+    auth.setdefault(digests, []).append(digest)
     return key
 
 
@@ -147,6 +164,7 @@ class Fleet:
             raw["tls"] = {"ca": ca.tls.ca, "certs": ca.tls.certs, "client_facing": False}
         self.tenant_keys = generate_tenant_keys(raw)
         self.admin_key = generate_admin_key(raw)
+        self.operator_key = generate_operator_key(raw)
         self.raw = resolve_ports(raw)
         self.topology: Topology = topology_from_mapping(self.raw)
         if ca is not None:

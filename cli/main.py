@@ -203,8 +203,16 @@ def _run_up(args: argparse.Namespace) -> None:
         if topo.global_tier.openai is not None:
             url = f"http://{topo.global_tier.openai.endpoint}/v1"
             print(f"openai     {url}  (OpenAI-compatible HTTP: completions, chat, models)")
+        if fleet.operator_key is not None:
+            print(f"operator key {fleet.operator_key}  (the ops HTTP's /api/*: Bearer)")
         if topo.global_tier.ops is not None:
-            print(f"dashboard  http://{topo.global_tier.ops}/  (also /metrics /readyz /api/*)")
+            # The link hands the dashboard its operator key (kept in the tab, never sent
+            # in a URL: the fragment stays in the browser).
+            link = "" if fleet.operator_key is None else f"#operator-key={fleet.operator_key}"
+            print(
+                f"dashboard  http://{topo.global_tier.ops}/{link}  "
+                "(also /metrics /readyz /api/*)"
+            )
         print("ready; Ctrl-C stops everything", flush=True)
         while not stop:
             for line in fleet.watch.poll():  # once per death, once per return

@@ -15,6 +15,7 @@ from common.config.topology import Topology
 from common.observability.tracing import Telemetry, setup_tracing
 from common.operations.admin import upper_tier_admin
 from common.operations.fleet_view import FleetView
+from common.operations.ops_access import OpsAccess
 from common.operations.ops_http import OpsAdditions
 from common.request.balancer import RankingBalancer
 from common.request.children import Child
@@ -122,6 +123,7 @@ def build_global_tier(
         ops_additions=OpsAdditions(extensions=(fleet_view,) if fleet_view else ()),
         name="global",
         tenants=topology.auth.tenant_ids,
+        ops_access=OpsAccess.of(topology.auth),
         telemetry=telemetry or setup_tracing("meridian-global"),
         admin=upper_tier_admin(
             "global",

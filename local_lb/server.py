@@ -21,6 +21,7 @@ from common.config.topology import Topology, ZoneConfig
 from common.gen.meridian.v1 import capacity_pb2
 from common.observability.tier_metrics import EjectionCounter, add_local_metrics
 from common.observability.tracing import Telemetry, setup_tracing
+from common.operations.ops_access import OpsAccess
 from common.operations.ops_http import OpsAdditions
 from common.request.children import Child, ChildSet
 from common.request.forwarding import ForwardingPolicy
@@ -394,6 +395,7 @@ def build_local_tier(
         ops_additions=local_ops(view, balancer, ejections),
         name=zone,
         tenants=topology.auth.tenant_ids,
+        ops_access=OpsAccess.of(topology.auth),
         telemetry=telemetry or setup_tracing("meridian-local"),
         admin=local_admin(hooks, topology, reload_from),
     )

@@ -17,6 +17,7 @@ from common.config.topology import RegionConfig, Topology
 from common.gen.meridian.v1 import capacity_pb2
 from common.observability.tracing import Telemetry, setup_tracing
 from common.operations.admin import upper_tier_admin
+from common.operations.ops_access import OpsAccess
 from common.request.balancer import RankingBalancer
 from common.request.children import Child, ChildSet
 from common.request.forwarding import ForwardingPolicy
@@ -157,6 +158,7 @@ def build_regional_tier(
         ops=region_cfg.ops,
         name=region,
         tenants=topology.auth.tenant_ids,
+        ops_access=OpsAccess.of(topology.auth),
         telemetry=telemetry or setup_tracing("meridian-regional"),
         admin=upper_tier_admin(
             "regional", region, "zone", zones, topology, wanted, follow=follow, source=reload_from

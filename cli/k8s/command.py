@@ -139,6 +139,8 @@ def deploy_main(args: argparse.Namespace) -> int:
         print(f"tenant {tenant_id} key {key}")
     if keys.admin_key is not None:
         print(f"admin key {keys.admin_key}")
+    if keys.operator_key is not None:
+        print(f"operator key {keys.operator_key}")
     if keys.pending:
         print(
             f"note: no key for {', '.join(keys.pending)}: add digests to the meridian-auth Secret "

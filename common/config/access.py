@@ -48,6 +48,9 @@ class AuthConfig:
     tenants: tuple[TenantConfig, ...] = ()
     # SHA-256 digests of the keys that may call the Admin API at the global tier.
     admin_key_hashes: frozenset[str] = frozenset()
+    # SHA-256 digests of the keys that may read the ops HTTP's data (/api/*) when
+    # enabled (common.operations.ops_access); every tier checks them.
+    operator_key_hashes: frozenset[str] = frozenset()
 
     @property
     def tenant_ids(self) -> frozenset[str]:
@@ -201,6 +204,7 @@ def parse_auth(root: ConfigNode, regions: set[str]) -> AuthConfig:
     enabled = node.get("enabled", kind=bool)
     tenants = tuple(_tenant(t, regions) for t in node.get_items("tenants"))
     admin_keys = frozenset(d.lower() for d in _digests(node, "admin_keys", []))
+    operator_keys = [d.lower() for d in _digests(node, "operator_key_sha256", [])]
     node.done()
     require_unique([t.id for t in tenants], "auth.tenants")
     seen: set[str] = set()
@@ -210,9 +214,17 @@ def parse_auth(root: ConfigNode, regions: set[str]) -> AuthConfig:
         seen |= tenant.key_hashes
     if seen & admin_keys:
         raise ConfigError("auth.admin_keys: an admin key is also a tenant's API key")
+    for i, digest in enumerate(operator_keys):
+        if digest in seen:
+            raise ConfigError(f"auth.operator_key_sha256[{i}]: is also a tenant's API key")
     if enabled and not tenants:
         raise ConfigError("auth.tenants: authentication is enabled but no tenant is configured")
-    return AuthConfig(enabled=enabled, tenants=tenants, admin_key_hashes=admin_keys)
+    return AuthConfig(
+        enabled=enabled,
+        tenants=tenants,
+        admin_key_hashes=admin_keys,
+        operator_key_hashes=frozenset(operator_keys),
+    )
 
 
 def parse_tls(root: ConfigNode) -> TlsConfig | None:

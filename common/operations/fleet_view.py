@@ -22,7 +22,11 @@ Inner tiers are asked concurrently, at the ops address the topology names (one
 bound to a wildcard such as ``0.0.0.0`` over loopback), with a short timeout. A tier
 that does not answer in time, or answers something that is not its ``/api/state``,
 is shown as unreachable (its GPUs as unknown, taken from the topology), never
-failing the whole answer; a field of the wrong type reads as unknown. Answers are
+failing the whole answer; a field of the wrong type reads as unknown. With
+``auth.enabled`` on, the viewer's ``Authorization`` header (its operator key, which
+the global's ops server has just accepted: ``common.operations.ops_access``) goes on
+to the inner tiers, which check it against the same ``auth.operator_key_sha256``;
+the global holds no key of its own. Answers are
 shared for ``max_age_s``, so many open dashboards cost the inner tiers no more than
 one; a computation that fails is not shared, the next viewer starts a new one.
 """
@@ -135,11 +139,16 @@ class FleetView:
             self._session = aiohttp.ClientSession(timeout=self.timeout)
         return self._session
 
-    async def _get(self, target: OpsTarget, path: str, listed: str) -> Fetched:
+    async def _get(
+        self, target: OpsTarget, path: str, listed: str, authorization: str | None = None
+    ) -> Fetched:
         """``target``'s JSON answer at ``path``: an object with a list under ``listed``
-        (``children``, ``traces``), or why there is none."""
+        (``children``, ``traces``), or why there is none. ``authorization`` is sent as
+        the ``Authorization`` header (the viewer's operator key)."""
+        headers = {} if authorization is None else {"Authorization": authorization}
+        url = f"http://{target.address}{path}"
         try:
-            async with self._client().get(f"http://{target.address}{path}") as reply:
+            async with self._client().get(url, headers=headers) as reply:
                 if reply.status != 200:
                     return Fetched(None, f"HTTP {reply.status}")
                 body = await reply.json()
@@ -170,15 +179,15 @@ class FleetView:
             if entry is not None and entry[1] is task:
                 del self._shared[key]
 
-    async def fleet(self) -> dict[str, Any]:
+    async def fleet(self, authorization: str | None = None) -> dict[str, Any]:
         answers = await asyncio.gather(
-            *(self._get(t, "/api/state", "children") for t in self.targets)
+            *(self._get(t, "/api/state", "children", authorization) for t in self.targets)
         )
         fetched = {t.label: a for t, a in zip(self.targets, answers, strict=True)}
         assert self.ops is not None, "installed on an ops server"
         return merge_fleet(self.topology, self.ops.state(), fetched)
 
-    async def traces(self, limit: int) -> dict[str, Any]:
+    async def traces(self, limit: int, authorization: str | None = None) -> dict[str, Any]:
         # Only traces whose global server span has ended: it ends last, so the request
         # is over and every tier below has its spans in its ring.
         assert self.ops is not None, "installed on an ops server"
@@ -189,7 +198,9 @@ class FleetView:
         silent: set[str] = set()  # inner tiers that did not answer
         if ids:
             query = f"/api/traces?limit={len(ids)}&ids={','.join(ids)}"
-            answers = await asyncio.gather(*(self._get(t, query, "traces") for t in self.targets))
+            answers = await asyncio.gather(
+                *(self._get(t, query, "traces", authorization) for t in self.targets)
+            )
             for target, answer in zip(self.targets, answers, strict=True):
                 if answer.body is not None:
                     sources.append((target.label, answer.body))
@@ -205,11 +216,15 @@ class FleetView:
             body["note"] = own["note"]
         return body
 
-    async def overview(self) -> dict[str, Any]:
-        return compact_overview(await self._shared_answer("fleet", self.fleet))
+    async def overview(self, authorization: str | None = None) -> dict[str, Any]:
+        fleet = await self._shared_answer("fleet", lambda: self.fleet(authorization))
+        return compact_overview(fleet)
 
+    # Answers are shared between viewers whatever key each presented: every one of
+    # them has passed the same operator-key check before reaching these handlers.
     async def _fleet(self, request: web.Request) -> web.Response:
-        body = await self._shared_answer("fleet", self.fleet)
+        authorization = request.headers.get("Authorization")
+        body = await self._shared_answer("fleet", lambda: self.fleet(authorization))
         region, zone = request.query.get("region"), request.query.get("zone")
         if region is not None or zone is not None:
             cut = part(body, region=region, zone=zone)
@@ -220,7 +235,8 @@ class FleetView:
         return _compact_json(body)
 
     async def _overview(self, request: web.Request) -> web.Response:
-        body = await self._shared_answer("overview", self.overview)
+        authorization = request.headers.get("Authorization")
+        body = await self._shared_answer("overview", lambda: self.overview(authorization))
         return _compact_json(body)
 
     async def _traces(self, request: web.Request) -> web.Response:
@@ -228,7 +244,10 @@ class FleetView:
             limit = max(1, min(100, int(request.query.get("limit", "20"))))
         except ValueError:
             return web.json_response({"error": "limit must be an integer"}, status=400)
-        body = await self._shared_answer(f"traces:{limit}", lambda: self.traces(limit))
+        authorization = request.headers.get("Authorization")
+        body = await self._shared_answer(
+            f"traces:{limit}", lambda: self.traces(limit, authorization)
+        )
         return web.json_response(body)
 
     async def _page(self, request: web.Request) -> web.Response:

@@ -13,6 +13,9 @@
 * ``/api/series``: requests per second and latency per second, last five minutes
   (``common.observability.series``).
 
+With ``auth.enabled`` on, ``/metrics`` and the probes stay open and the data
+(``/api/*``) needs an operator key (``common.operations.ops_access``).
+
 A tier may add its own routes (``extensions``: the global tier's dashboard) and
 details per child or for the whole tier (``child_details``, ``extra_state``).
 
@@ -36,6 +39,7 @@ from common.observability.metrics import exposition
 from common.observability.series import RequestSeries
 from common.observability.tier_metrics import TierMetrics
 from common.observability.tracing import RecentSpans
+from common.operations.ops_access import OPEN, OpsAccess
 from common.request.children import Child, ChildSet
 
 UNKNOWN_LABEL = "-"
@@ -109,7 +113,8 @@ class OpsServer:
     """The ops HTTP endpoint of one tier; owns its aiohttp runner.
 
     ``start()`` binds ``endpoint`` (port 0 picks a free port; ``port`` tells which),
-    ``stop()`` closes the listener and the runner.
+    ``stop()`` closes the listener and the runner. ``access`` says who may read what
+    (default: anyone everything).
     """
 
     def __init__(
@@ -122,8 +127,10 @@ class OpsServer:
         child_details: ChildDetails | None = None,
         extra_state: Callable[[], dict[str, Any]] | None = None,
         extensions: Sequence[OpsExtension] = (),
+        access: OpsAccess = OPEN,
     ) -> None:
         self.endpoint = endpoint
+        self.access = access
         self.name = name
         self.metrics = metrics
         self.children = metrics.children
@@ -146,7 +153,7 @@ class OpsServer:
         return Endpoint(self.endpoint.host, self.port).address
 
     def app(self) -> web.Application:
-        app = web.Application()
+        app = web.Application(middlewares=[self.access.middleware])
         app.router.add_get("/healthz", self._healthz)
         app.router.add_get("/readyz", self._readyz)
         app.router.add_get("/api/state", self._state)

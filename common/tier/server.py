@@ -29,6 +29,7 @@ from common.observability.logs import ShedLog
 from common.observability.tier_metrics import CountingRetryBudget, TierMetrics
 from common.observability.tracing import Telemetry, TierTracing
 from common.operations.admin import ADMIN_SERVICE, AdminService
+from common.operations.ops_access import OpsAccess
 from common.operations.ops_http import OpsAdditions, OpsServer
 from common.request.balancer import Balancer
 from common.request.call import CallInterceptor, CallObserver
@@ -99,6 +100,8 @@ class TierServer:
     # /api/state, with the tier's own additions; None: not served.
     ops: Endpoint | None = None
     ops_additions: OpsAdditions = field(default_factory=OpsAdditions)
+    # Who may read the ops HTTP's data (default: anyone; the tiers pass auth's rule).
+    ops_access: OpsAccess = field(default_factory=OpsAccess)
     name: str = ""
     # Configured tenant ids: the only values the metrics' tenant label takes.
     tenants: frozenset[str] = frozenset()
@@ -155,6 +158,7 @@ class TierServer:
                 child_details=self.ops_additions.child_details,
                 extra_state=self.ops_additions.extra_state,
                 extensions=self.ops_additions.extensions,
+                access=self.ops_access,
             )
         )
         if self.publisher is not None:
