@@ -15,8 +15,7 @@ from common.config.topology import Topology
 from common.observability.tracing import Telemetry, setup_tracing
 from common.operations.admin import upper_tier_admin
 from common.operations.fleet_view import FleetView
-from common.operations.ops_access import OpsAccess
-from common.operations.ops_http import OpsAdditions
+from common.operations.ops_http import OpsAccess, OpsAdditions
 from common.request.balancer import RankingBalancer
 from common.request.children import Child
 from common.request.forwarding import ForwardingPolicy

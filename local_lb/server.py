@@ -21,8 +21,7 @@ from common.config.topology import Topology, ZoneConfig
 from common.gen.meridian.v1 import capacity_pb2
 from common.observability.tier_metrics import EjectionCounter, add_local_metrics
 from common.observability.tracing import Telemetry, setup_tracing
-from common.operations.ops_access import OpsAccess
-from common.operations.ops_http import OpsAdditions
+from common.operations.ops_http import OpsAccess, OpsAdditions
 from common.request.children import Child, ChildSet
 from common.request.forwarding import ForwardingPolicy
 from common.request.proxy import TierSpec

@@ -39,7 +39,7 @@ from common.observability.metrics import exposition
 from common.observability.series import RequestSeries
 from common.observability.tier_metrics import TierMetrics
 from common.observability.tracing import RecentSpans
-from common.operations.ops_access import OPEN, OpsAccess
+from common.operations.ops_access import OPEN, OpsAccess  # OpsAccess: also for the tiers
 from common.request.children import Child, ChildSet
 
 UNKNOWN_LABEL = "-"
