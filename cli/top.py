@@ -30,7 +30,9 @@ from typing import Any, TextIO
 DESCRIPTION = """The fleet in a terminal, redrawn every --interval seconds from the global tier's
 ops HTTP: regions, zones and GPUs with health, load and queues. Colours only on a
 terminal (never with --no-color or NO_COLOR); lines cut to COLUMNS, else to the
-terminal's width; piped, plain frames one after another (no screen clearing)."""
+terminal's width; piped, plain frames one after another (no screen clearing). With
+auth on, the operator key `meridian up` prints goes in MERIDIAN_OPERATOR_KEY."""
+OPERATOR_KEY_ENV = "MERIDIAN_OPERATOR_KEY"
 SPARKS = "▁▂▃▄▅▆▇█"
 BAR_WIDTH = 10
 NOTE_WIDTH = 60
@@ -218,23 +220,28 @@ def _gpu_row(gpu: Mapping[str, Any], paint: Paint) -> str:
     return row(cells, note)
 
 
-def fetch(base: str, path: str, timeout_s: float) -> dict[str, Any]:
-    """The JSON object at ``base + path``; ValueError when the answer is not one."""
-    with urllib.request.urlopen(f"{base}{path}", timeout=timeout_s) as reply:
+def fetch(base: str, path: str, timeout_s: float, key: str | None = None) -> dict[str, Any]:
+    """The JSON object at ``base + path`` (asked with operator ``key`` as a bearer when
+    given); ValueError when the answer is not one."""
+    headers = {} if key is None else {"Authorization": f"Bearer {key}"}
+    request = urllib.request.Request(f"{base}{path}", headers=headers)
+    with urllib.request.urlopen(request, timeout=timeout_s) as reply:
         body = json.loads(reply.read())
     if not isinstance(body, dict):
         raise ValueError(f"{path} answered {type(body).__name__}, not an object")
     return body
 
 
-def frame(base: str, paint: Paint, timeout_s: float = 2.0) -> tuple[str, bool]:
+def frame(
+    base: str, paint: Paint, timeout_s: float = 2.0, key: str | None = None
+) -> tuple[str, bool]:
     """One frame from the global at ``base``; and whether it answered.
 
     Whatever is at ``base`` (nothing, a gRPC port, a server that hangs up halfway)
     makes a "no answer" frame, never a traceback."""
     try:
-        fleet = fetch(base, "/api/fleet", timeout_s)
-        series = fetch(base, "/api/series?seconds=60", timeout_s)
+        fleet = fetch(base, "/api/fleet", timeout_s, key)
+        series = fetch(base, "/api/series?seconds=60", timeout_s, key)
     except (OSError, ValueError, http.client.HTTPException) as exc:
         reason = getattr(exc, "reason", None) or exc
         text = f"{type(exc).__name__}: {reason}" if str(reason) else type(exc).__name__
@@ -282,8 +289,11 @@ def top_main(args: argparse.Namespace) -> int:
     out = sys.stdout
     terminal = out.isatty()
     paint = Paint(terminal and not args.no_color and not os.environ.get("NO_COLOR"))
+    # The operator key for /api/* when the fleet runs with auth on (an environment
+    # variable, not an option: a command line is visible to every user of the machine).
+    key = os.environ.get(OPERATOR_KEY_ENV) or None
     if args.once:
-        text, answered = frame(base, paint)
+        text, answered = frame(base, paint, key=key)
         out.write(fit(text, width_of(out, os.environ)))
         return 0 if answered else 1
     if terminal:
@@ -293,7 +303,7 @@ def top_main(args: argparse.Namespace) -> int:
         while args.count is None or drawn < args.count:
             if drawn:
                 time.sleep(args.interval)
-            text, _ = frame(base, paint)
+            text, _ = frame(base, paint, key=key)
             text = fit(text, width_of(out, os.environ))  # the terminal may have been resized
             # A terminal gets the frame redrawn in place; a pipe gets frames in sequence.
             out.write("\x1b[H\x1b[2J" + text if terminal else ("\n" if drawn else "") + text)

@@ -7,8 +7,10 @@ loopback, called with a real HTTP client; every server is stopped at the end."""
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +21,7 @@ import yaml
 
 from cli.k8s.keys import public_auth, resolve_directives
 from cli.launcher import DEMO_FLEET, generate_operator_key
+from cli.top import Paint, frame
 from common.config.node import ConfigError, Endpoint
 from common.config.topology import Topology, topology_from_mapping
 from common.observability.tier_metrics import TierMetrics
@@ -161,6 +164,20 @@ async def test_the_fleet_view_passes_the_viewers_key_to_the_inner_tiers() -> Non
         assert (region["reachable"], region["error"]) == (True, "")
         (zone,) = region["zones"]
         assert zone["reachable"] is True and zone["error"] == ""
+
+
+async def test_meridian_top_sends_the_operator_key() -> None:
+    # `meridian top` asks with blocking urllib: from a thread of its own, stopped at the end.
+    loop = asyncio.get_running_loop()
+    async with ops_fleet(spec()) as ops:
+        base = f"http://{ops.global_address}"
+        with ThreadPoolExecutor(1) as pool:
+            text, answered = await loop.run_in_executor(pool, frame, base, Paint(False), 5.0)
+            assert not answered and "HTTPError: Unauthorized" in text
+            text, answered = await loop.run_in_executor(
+                pool, frame, base, Paint(False), 5.0, OPERATOR_KEY
+            )
+            assert answered, text
 
 
 async def test_with_auth_off_everything_is_open() -> None:
