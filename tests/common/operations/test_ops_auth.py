@@ -25,7 +25,7 @@ from cli.top import Paint, frame
 from common.config.node import ConfigError, Endpoint
 from common.config.topology import Topology, topology_from_mapping
 from common.observability.tier_metrics import TierMetrics
-from common.operations.fleet_view import FleetView
+from common.operations.fleet_view import DASHBOARD_HTML, FleetView
 from common.operations.ops_access import OpsAccess
 from common.operations.ops_http import OpsServer
 from common.request.children import Child, ChildSet
@@ -199,7 +199,7 @@ async def test_with_auth_on_and_no_operator_key_the_data_is_closed_to_every_key(
 
 
 def test_the_dashboard_page_asks_for_the_key_and_sends_it_as_a_bearer() -> None:
-    page = (DEMO_FLEET.parent.parent / "common/operations/dashboard.html").read_text()
+    page = DASHBOARD_HTML.read_text()
     assert '<form id="key-form" hidden>' in page and 'id="operator-key"' in page
     assert "sessionStorage.setItem(KEY_ITEM" in page
     assert 'Authorization: "Bearer " + key' in page
