@@ -81,6 +81,8 @@ class FleetUnderTest:
     up: subprocess.Popen[bytes] | None = None
     procs: dict[str, Proc] = field(default_factory=dict)
     tenant_keys: dict[str, str] = field(default_factory=dict)
+    # What `up` printed for the ops HTTP's /api/* (None: auth off, none needed).
+    operator_key: str | None = None
     topology: Topology | None = None
     logs: list[IO[bytes]] = field(default_factory=list)
     cpu_seen: dict[int, tuple[str, float]] = field(default_factory=dict)  # pid: (kind, s)
@@ -113,6 +115,8 @@ class FleetUnderTest:
             parts = line.split()
             if len(parts) == 4 and parts[0] == "tenant" and parts[2] == "key":
                 self.tenant_keys[parts[1]] = parts[3]
+            elif len(parts) >= 3 and parts[:2] == ["operator", "key"]:
+                self.operator_key = parts[2]
         self.topology = load_topology(self.run_dir / "topology.yaml")
         self.procs = children(self.up.pid)
         if "redis" in self.procs:
@@ -243,8 +247,11 @@ class FleetUnderTest:
         the local tiers (``outstanding``), sequences the GPUs say they run, requests queued."""
         assert self.topology is not None and self.topology.global_tier.ops is not None
         url = f"http://{self.topology.global_tier.ops.address}/api/fleet"
+        key = self.operator_key
+        headers = {"Authorization": f"Bearer {key}"} if key else {}
         try:
-            with urllib.request.urlopen(url, timeout=5.0) as answer:
+            ask = urllib.request.Request(url, headers=headers)
+            with urllib.request.urlopen(ask, timeout=5.0) as answer:
                 fleet = json.load(answer)
         except (OSError, ValueError) as exc:
             return {"error": f"{type(exc).__name__}: {exc}"}
