@@ -2,10 +2,10 @@
 
 A client's ``max_tokens`` bounds its answer; it does not say how long the answer will
 be. Many clients send a generous default or none (the server's limit, thousands of
-tokens), while most answers stop far earlier. Planning every request at its cap made
-an uncapped chat turn weigh as much as dozens of real ones, so a tier's backlog, its
-children's waits and its GPUs' rates were all counted in caps, and a mix of caps
-made each wrong in its own direction.
+tokens), while most answers stop far earlier. Planned at its cap, an uncapped chat
+turn would weigh as much as dozens of real ones: a tier's backlog, its children's waits
+and its GPUs' rates would all be counted in caps, and a mix of caps would make each
+wrong in its own direction.
 
 ``OutputLengths`` learns, per model, the typical length of the answers this tier has
 passed back (the completion count the GPU server reported, ``common.request.tokens``),
