@@ -165,6 +165,10 @@ def _tenant(node: ConfigNode, regions: set[str]) -> TenantConfig:
         )
     allowed = node.get("allowed_regions", [], kind=list)
     for name in allowed:
+        if not isinstance(name, str):
+            raise ConfigError(
+                f"{node.key_path('allowed_regions')}: expected region names, got {name!r}"
+            )
         if name not in regions:
             raise ConfigError(f"{node.key_path('allowed_regions')}: unknown region {name!r}")
     limits: dict[str, float | None] = {}

@@ -137,6 +137,7 @@ EDITS = st.lists(
 @example(edits=[(("auth", "tenants", 1), "misspell", None)])
 @example(edits=[(("global",), "typos", 1)])  # found: TypeError sorting None and "zz_typo"
 @example(edits=[(("global",), "misspell", 1), (("global", "listen"), "replace", "x:1")])
+@example(edits=[(("auth", "tenants", 1, "allowed_regions", 0), "replace", [])])  # found: TypeError
 def test_edited_topologies_load_or_name_the_key(edits: list[tuple[Any, str, Any]]) -> None:
     raw = copy.deepcopy(BASE)
     for path, op, value in edits:
