@@ -169,3 +169,9 @@ def gpu_metric(fleet: object, name: str) -> float:
                         if line.startswith((f"{name}{{", f"{name} ")):
                             total += float(line.rsplit(" ", 1)[1])
     return total
+
+
+def streamed_tokens(responses: Sequence[pb.ModelStreamInferResponse]) -> int:
+    """The tokens (the emulated GPU's words) a stream carried, however many the relay
+    joined into one response while its writer was busy."""
+    return sum(len(response_text(r.infer_response).split()) for r in responses)

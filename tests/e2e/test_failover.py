@@ -10,7 +10,7 @@ import grpc
 
 from cli.launcher import Fleet
 from common.request.v2 import generate_request
-from tests.client import V2Client, expect_code, region_of, zone_of
+from tests.client import V2Client, expect_code, region_of, streamed_tokens, zone_of
 from tests.conftest import small_fleet_spec
 from tests.until import wait_until
 
@@ -34,7 +34,7 @@ def test_zone_failover_and_return(fleet_factory: Callable[[dict[str, Any]], Flee
         responses, route = client.stream(
             [generate_request("demo-llm", "stream during failover", 3)], metadata=[NEAR_US_EAST_1A]
         )
-        assert len(responses) == 3 and zone_of(route) == "us-east-1b"
+        assert streamed_tokens(responses) == 3 and zone_of(route) == "us-east-1b"
 
         fleet.restart("local-us-east-1a")
         wait_until(lambda: zone_of(client.infer(metadata=[NEAR_US_EAST_1A]).route) == "us-east-1a")

@@ -18,6 +18,7 @@ from common.tier.server import TierServer
 from local_lb.server import build_local_tier
 from sim.topology import one_zone_mapping
 from sim.worker import ZoneWorkers
+from tests.client import streamed_tokens
 
 REGION, ZONE = "r", "r-1a"
 
@@ -106,5 +107,5 @@ async def test_stream_fails_over_before_the_first_byte(zone: Zone) -> None:
         await call.write(generate_request("m", "stream", 3))
         await call.done_writing()
         responses = [r async for r in call]
-        assert len(responses) == 3
+        assert streamed_tokens(responses) == 3
         assert dict(await call.trailing_metadata())[ROUTE] == f"{ZONE}/g1"

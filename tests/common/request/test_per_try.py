@@ -112,7 +112,8 @@ async def stream(rig: Rig, ids: Sequence[str], timeout: float = 10) -> tuple[lis
 
 async def test_stream_requests_that_stall_before_their_first_byte_each_move_on(rig: Rig) -> None:
     texts, route = await stream(rig, ["1", "2"])
-    assert texts == ["b"] * 6 and route == "r/b"
+    # Six tokens from b; tokens that came while the relay was writing go up joined.
+    assert "".join(texts) == "b" * 6 and len(texts) <= 6 and route == "r/b"
     # Each request of the stream is its own attempt: both moved to b, in either order.
     assert sorted(rig.second.seen) == ["1", "2"]
 
@@ -120,7 +121,7 @@ async def test_stream_requests_that_stall_before_their_first_byte_each_move_on(r
 async def test_a_stream_that_stalls_after_its_first_byte_is_never_cut(rig: Rig) -> None:
     rig.first.stall_s, rig.first.before_stall = 0.6, 1  # twice the limit, once committed
     texts, route = await stream(rig, ["1"])
-    assert texts == ["a"] * 3 and route == "r/a"
+    assert "".join(texts) == "a" * 3 and route == "r/a"
     assert rig.first.cancelled == 0 and rig.second.seen == []
 
 
