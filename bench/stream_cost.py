@@ -45,13 +45,14 @@ import aiohttp
 import grpc
 import yaml
 
-from cli.launcher import DEMO_FLEET, Fleet
+from bench.hop_cost import MODEL, REGION, TENANT, ZONE, cpu_seconds
+from bench.hop_cost import fleet_spec as hop_fleet_spec
+from cli.launcher import Fleet
 from common.gen.inference import grpc_service_pb2 as pb
 from common.request.v2 import generate_request
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-MODEL, REGION, ZONE, TENANT = "demo-llm", "us-east", "us-east-1a", "bench"
 STREAM = "/inference.GRPCInferenceService/ModelStreamInfer"
 # The commit before the coalescing relay: the "before" of the recorded results.
 DEFAULT_BEFORE = "6da686a"
@@ -59,40 +60,13 @@ FRONT = ("global", f"regional-{REGION}", f"local-{ZONE}", "redis")
 
 
 def fleet_spec(gpus: int, time_scale: float, window_ms: float | None) -> dict[str, Any]:
-    spec: dict[str, Any] = yaml.safe_load(DEMO_FLEET.read_text())
-    spec["global"] = {
-        **spec["global"],
-        "listen": "127.0.0.1:0",
-        "ops_listen": "127.0.0.1:0",
-        "openai_listen": "127.0.0.1:0",
-    }
-    spec["regions"] = spec["regions"][:1]
-    zone = spec["regions"][0]["zones"][0]
-    spec["regions"][0]["zones"] = [zone]
-    zone["gpus"] = [
-        {**zone["gpus"][0], "name": f"{ZONE}-gpu{i}", "hardware": "H100", "throttle": 1.0}
-        for i in range(gpus)
-    ]
-    spec["time_scale"] = time_scale
-    tenant = {
-        "id": TENANT,
-        "api_key": "generate",
-        "priority_ceiling": "critical",
-        "requests_per_s": 1_000_000,
-        "tokens_per_min": 1_000_000_000,
-        "max_concurrent": 4096,
-    }
-    spec["auth"] = {"enabled": True, "tenants": [tenant]}
+    """``bench.hop_cost``'s one-zone demo fleet, with the OpenAI edge on a free port and
+    the stream coalescing window ``window_ms`` (None: the key left out)."""
+    spec = hop_fleet_spec(gpus, time_scale)
+    spec["global"]["openai_listen"] = "127.0.0.1:0"
     if window_ms is not None:
         spec["limits"] = {"stream_coalesce_ms": window_ms}
     return spec
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of ``pid`` and its threads."""
-    text = Path(f"/proc/{pid}/stat").read_text()
-    fields = text[text.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 class Tally:

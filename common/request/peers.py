@@ -30,6 +30,7 @@ from typing import Any
 import grpc
 
 from common.config.identity import Identity
+from common.request.handlers import rewrapped
 
 PEER_URI = "peer_uri"
 # Services any authenticated caller may use (the parent's health watch, reflection).
@@ -95,17 +96,7 @@ class ParentOnly(grpc.aio.ServerInterceptor):
 
     def _guarded(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
         """``handler`` with the parent check before its behaviour, whatever its kind."""
-        codec = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(self._wrap(handler.unary_unary), **codec)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(self._wrap(handler.unary_stream), **codec)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(self._wrap(handler.stream_unary), **codec)
-        return grpc.stream_stream_rpc_method_handler(self._wrap(handler.stream_stream), **codec)
+        return rewrapped(handler, self._wrap)
 
     def _wrap(self, behaviour: Callable[..., Any]) -> Callable[..., Any]:
         """Check first, then run ``behaviour``: a coroutine or an async generator

@@ -30,6 +30,7 @@ import grpc
 
 from common.basics.errors import RETRY_AFTER_MS
 from common.request.abort import abort_call
+from common.request.handlers import rewrapped
 
 # When a shed caller may try again: calls last from milliseconds to a minute, and
 # a queue this long drains in well under a second at any useful cap.
@@ -114,17 +115,7 @@ class ConnectionSlotsInterceptor(grpc.aio.ServerInterceptor):
         return wrapped
 
     def _slotted(self, handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-        codec = {
-            "request_deserializer": handler.request_deserializer,
-            "response_serializer": handler.response_serializer,
-        }
-        if handler.unary_unary is not None:
-            return grpc.unary_unary_rpc_method_handler(self._wrap(handler.unary_unary), **codec)
-        if handler.unary_stream is not None:
-            return grpc.unary_stream_rpc_method_handler(self._wrap(handler.unary_stream), **codec)
-        if handler.stream_unary is not None:
-            return grpc.stream_unary_rpc_method_handler(self._wrap(handler.stream_unary), **codec)
-        return grpc.stream_stream_rpc_method_handler(self._wrap(handler.stream_stream), **codec)
+        return rewrapped(handler, self._wrap)
 
     def _wrap(self, behaviour: Callable[..., Any]) -> Callable[..., Any]:
         """``behaviour`` (a coroutine or an async generator) run inside a slot."""

@@ -43,6 +43,8 @@ class Chain:
     keys: dict[str, str]
     ids: dict[str, str]
     redis_url: str
+    # The global tier's V2 gRPC address, beside its OpenAI edge.
+    v2_address: str = ""
 
     def client(self, tenant: str | None = "gold", **headers: str) -> openai.AsyncOpenAI:
         """The stock client with ``tenant``'s key (None: no key) and extra headers."""
@@ -136,7 +138,8 @@ async def openai_chain(
     try:
         async with running_chain(topo, workers, tiers, MODEL):
             (http,) = [s for s in edge.services if isinstance(s, OpenAIEdge)]
-            yield Chain(f"http://{http.address}/v1", workers, keys, ids, redis_url)
+            v2 = topo.global_tier.endpoint.address
+            yield Chain(f"http://{http.address}/v1", workers, keys, ids, redis_url, v2)
     finally:
         # The openai client resolves its host on the loop's default executor: join its thread.
         await asyncio.get_running_loop().shutdown_default_executor()

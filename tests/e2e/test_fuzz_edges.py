@@ -19,9 +19,6 @@ import time
 import urllib.error
 import urllib.request
 import uuid
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -31,20 +28,13 @@ from hypothesis import strategies as st
 
 from common.basics.errors import RouteError
 from common.basics.redis_embed import EmbeddedRedis
-from common.config.topology import topology_from_mapping
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.request.openai_http import OpenAIEdge, _json
+from common.request.openai_http import _json
 from common.request.openai_v2 import ROUTE_CHAT, ROUTE_COMPLETIONS, parse_openai
 from common.request.v2 import generate_request, parse_generate
-from common.tier.server import TierServer
-from global_lb.server import build_global_tier
-from local_lb.server import build_local_tier
-from regional_lb.server import build_regional_tier
-from sim.worker import ZoneWorkers
 from tests.common.request.test_fuzz_v2 import MUTATION, mutate
-from tests.e2e.chain import running_chain
-from tests.e2e.openai_chain import MODEL, REGION, TENANTS, ZONE, Chain, chain_mapping
+from tests.e2e.openai_chain import MODEL, Chain, openai_chain
 
 FUZZ = settings(
     derandomize=True,
@@ -56,35 +46,6 @@ FUZZ = settings(
 PLAIN = st.characters(exclude_categories=["Cs"])  # what UTF-8 (a V2 prompt) can carry
 PATHS = {ROUTE_COMPLETIONS: "/completions", ROUTE_CHAT: "/chat/completions"}
 STATUS_NAME = {200: "OK", 400: "INVALID_ARGUMENT", 404: "NOT_FOUND"}
-
-
-@dataclass
-class Edges:
-    chain: Chain
-    v2_address: str
-
-
-@asynccontextmanager
-async def edges(redis_url: str) -> AsyncIterator[Edges]:
-    """``openai_chain``'s chain, with the V2 address of its global tier too."""
-    suffix = uuid.uuid4().hex[:8]
-    ids = {name: f"{name}-{suffix}" for name in TENANTS}
-    keys = {name: f"mk_{name}_{suffix}" for name in TENANTS}
-    topo = topology_from_mapping(chain_mapping(redis_url, ids, keys, None))
-    workers = ZoneWorkers(topo.zone(REGION, ZONE), region=REGION, time_scale=0.05)
-    edge = build_global_tier(topo)
-    tiers: list[TierServer] = [
-        build_local_tier(topo, REGION, ZONE),
-        build_regional_tier(topo, REGION),
-        edge,
-    ]
-    try:
-        async with running_chain(topo, workers, tiers, MODEL):
-            (http,) = [s for s in edge.services if isinstance(s, OpenAIEdge)]
-            chain = Chain(f"http://{http.address}/v1", workers, keys, ids, redis_url)
-            yield Edges(chain, topo.global_tier.endpoint.address)
-    finally:
-        await asyncio.get_running_loop().shutdown_default_executor()
 
 
 def traceparent() -> tuple[str, str]:
@@ -191,8 +152,8 @@ def throw_openai(chain: Chain) -> None:
 async def test_generated_openai_bodies_get_their_exact_status_and_one_usage_record(
     redis_server: EmbeddedRedis,
 ) -> None:
-    async with edges(redis_server.url) as running:
-        await asyncio.to_thread(throw_openai, running.chain)
+    async with openai_chain(redis_server.url) as chain:
+        await asyncio.to_thread(throw_openai, chain)
 
 
 # ---------------------------------------------------------------------------------- V2
@@ -233,9 +194,9 @@ def v2_requests(draw: st.DrawFn) -> pb.ModelInferRequest:
     return infer
 
 
-def throw_v2(running: Edges) -> None:
-    auth = (("authorization", f"Bearer {running.chain.keys['gold']}"),)
-    with grpc.insecure_channel(running.v2_address) as channel:
+def throw_v2(chain: Chain) -> None:
+    auth = (("authorization", f"Bearer {chain.keys['gold']}"),)
+    with grpc.insecure_channel(chain.v2_address) as channel:
         stub = pb_grpc.GRPCInferenceServiceStub(channel)
 
         @FUZZ
@@ -249,7 +210,7 @@ def throw_v2(running: Edges) -> None:
                 want = grpc.StatusCode.INVALID_ARGUMENT
             if want == grpc.StatusCode.OK and infer.model_name != MODEL:
                 return  # an unknown model: not this parser's answer
-            served = running.chain.served()
+            served = chain.served()
             trace, header = traceparent()
             metadata = (*auth, ("traceparent", header))
             try:
@@ -259,8 +220,8 @@ def throw_v2(running: Edges) -> None:
                 code = err.code()
                 assert err.details(), code
             assert code == want, (code, infer)
-            assert running.chain.served() == served + (code == grpc.StatusCode.OK)
-            one_record(running.chain, trace, code.name)
+            assert chain.served() == served + (code == grpc.StatusCode.OK)
+            one_record(chain, trace, code.name)
 
         throw()
 
@@ -268,5 +229,5 @@ def throw_v2(running: Edges) -> None:
 async def test_generated_v2_requests_get_their_exact_status_and_one_usage_record(
     redis_server: EmbeddedRedis,
 ) -> None:
-    async with edges(redis_server.url) as running:
-        await asyncio.to_thread(throw_v2, running)
+    async with openai_chain(redis_server.url) as chain:
+        await asyncio.to_thread(throw_v2, chain)
