@@ -10,7 +10,7 @@ what the loop puts in the metadata of each attempt (``RouteHints``), and
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 import grpc
@@ -57,16 +57,19 @@ class UnaryAttempt(Generic[T]):
     method: str
     request: Any
     committed: bool = False
-    reported_completion: int | None = None
+    # What the child's answer reported of the request's tokens (an inference answer's).
+    count: TokenCount = field(default_factory=TokenCount)
+
+    @property
+    def reported_completion(self) -> int | None:
+        return self.count.completion
 
     async def send(self, child: Child, metadata: Metadata, timeout: float | None) -> tuple[T, Any]:
         assert child.stub is not None
         call = getattr(child.stub, self.method)(self.request, metadata=metadata, timeout=timeout)
         response = await call
         if isinstance(response, pb.ModelInferResponse):
-            count = TokenCount()
-            count.add(response)
-            self.reported_completion = count.completion
+            self.count.add(response)
         # A tuple, iterated several times below (route, capacity hint, load, passed up),
         # where grpc's Metadata iterates through a generator each time.
         return response, tuple(await call.trailing_metadata())

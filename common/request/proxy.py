@@ -37,7 +37,6 @@ from common.request.routing import RouteHints, parse_hints
 from common.request.stream_limits import OpenStreams
 from common.request.stream_request import RequestPath, StreamRequestAttempt
 from common.request.streaming import Release, StreamRelay, no_release
-from common.request.tokens import TokenCount
 from common.request.v2 import MAX_NAME_CHARS, GenerateRequest, parse_generate
 
 VERSION = "0.1.0"
@@ -174,10 +173,9 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
                 context.set_trailing_metadata(trailers)
             finally:
                 release()
-            # The GPU's own counts, passed up by every tier; else the estimate stands.
-            count = TokenCount()
-            count.add(response)
-            count.fill(call, completion_estimate=pick.max_tokens)
+            # The GPU's own counts, passed up by every tier (read once, by the attempt);
+            # else the estimate stands.
+            attempt.count.fill(call, completion_estimate=pick.max_tokens)
             return response
         except RouteError as err:
             await self.abort(context, err, request.model_name)
