@@ -10,6 +10,7 @@ import grpc
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.routing import ROUTE, trailer
+from common.request.tokens import TokenCount
 from common.request.v2 import generate_request, response_text
 
 
@@ -171,7 +172,11 @@ def gpu_metric(fleet: object, name: str) -> float:
     return total
 
 
-def streamed_tokens(responses: Sequence[pb.ModelStreamInferResponse]) -> int:
-    """The tokens (the emulated GPU's words) a stream carried, however many the relay
-    joined into one response while its writer was busy."""
-    return sum(len(response_text(r.infer_response).split()) for r in responses)
+def streamed_tokens(responses: Sequence[pb.ModelInferResponse]) -> int:
+    """The tokens a stream's responses carried, as the tiers count them: what the GPU
+    reported (or a relay that joined responses while its writer was busy, which says
+    how many it joined), else one per response."""
+    count = TokenCount()
+    for response in responses:
+        count.add(response)
+    return len(responses) if count.completion is None else count.completion

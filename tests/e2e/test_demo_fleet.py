@@ -56,10 +56,11 @@ def test_several_requests_on_one_stream(client: V2Client) -> None:
         generate_request("demo-llm", f"prompt {i}", 3, request_id=f"r{i}") for i in range(3)
     ]
     responses, _ = client.stream(requests, metadata=[DUBLIN])
-    by_id: dict[str, int] = {}
-    for r in responses:  # tokens per request, however many the relay joined in one
-        by_id[r.infer_response.id] = by_id.get(r.infer_response.id, 0) + streamed_tokens([r])
-    assert by_id == {"r0": 3, "r1": 3, "r2": 3}
+    by_id: dict[str, list[pb.ModelInferResponse]] = {}
+    for r in responses:
+        by_id.setdefault(r.infer_response.id, []).append(r.infer_response)
+    # Tokens per request, however many the relay joined into one response.
+    assert {i: streamed_tokens(rs) for i, rs in by_id.items()} == {"r0": 3, "r1": 3, "r2": 3}
 
 
 @pytest.mark.parametrize(

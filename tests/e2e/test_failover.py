@@ -34,7 +34,8 @@ def test_zone_failover_and_return(fleet_factory: Callable[[dict[str, Any]], Flee
         responses, route = client.stream(
             [generate_request("demo-llm", "stream during failover", 3)], metadata=[NEAR_US_EAST_1A]
         )
-        assert streamed_tokens(responses) == 3 and zone_of(route) == "us-east-1b"
+        assert streamed_tokens([r.infer_response for r in responses]) == 3
+        assert zone_of(route) == "us-east-1b"
 
         fleet.restart("local-us-east-1a")
         wait_until(lambda: zone_of(client.infer(metadata=[NEAR_US_EAST_1A]).route) == "us-east-1a")

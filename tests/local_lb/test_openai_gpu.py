@@ -27,6 +27,7 @@ from local_lb.openai_wire import OPENAI_BODY, OPENAI_ROUTE
 from local_lb.server import build_local_tier
 from sim.topology import one_zone_mapping
 from sim.worker import GpuWorker, ZoneWorkers
+from tests.client import streamed_tokens
 
 REGION, ZONE = "r", "r-1a"
 
@@ -231,7 +232,7 @@ async def test_a_killed_openai_gpu_is_failed_over(zone: Zone) -> None:
     for _ in range(3):  # streams too, before their first byte
         responses = await stream_one(zone, generate_request("m", "s", 3, stream=True))
         assert not any(r.error_message for r in responses)
-        assert sum(len(response_text(r.infer_response).split()) for r in responses) == 3
+        assert streamed_tokens([r.infer_response for r in responses]) == 3
     assert dead.outstanding_requests == 0
 
 
