@@ -40,7 +40,7 @@ from common.basics.geo import GeoPoint, rtt_estimate_ms
 from common.capacity.summary import expected_wait_s
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.children import Child
-from common.request.pick import PickRequest, sent_since_report
+from common.request.pick import PickRequest, sent_since_report, sent_work_since_report
 from common.request.resilience import SlowStartConfig, ramp_factor
 
 OVERPROVISIONING = 1.4
@@ -115,7 +115,6 @@ class RegionPicker:
         origin = request.origin or self.home
         estimates = self._estimates_from(origin)
         window_s = self.failback.window_s
-        work = request.work
         for region in children:
             if allowed and region.name not in allowed:
                 continue
@@ -127,8 +126,12 @@ class RegionPicker:
             if entry is None:
                 wait_ms, avail = UNKNOWN_WAIT_MS, ramp
             else:
-                sent, held = sent_since_report(region), region.outstanding_requests
-                wait_ms = 1000.0 * expected_wait_s(entry, sent, work, held)
+                wait_ms = 1000.0 * expected_wait_s(
+                    entry,
+                    sent_since_report(region),
+                    sent_work_since_report(region),
+                    region.outstanding_work,
+                )
                 avail = availability(
                     entry.healthy_gpus + entry.unknown_children,
                     entry.total_gpus + entry.unknown_children,

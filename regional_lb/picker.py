@@ -31,7 +31,7 @@ from common.basics.geo import GeoPoint, great_circle_km, rtt_estimate_ms
 from common.capacity.summary import expected_wait_s
 from common.gen.meridian.v1 import capacity_pb2
 from common.request.children import Child
-from common.request.pick import PickRequest, sent_since_report
+from common.request.pick import PickRequest, sent_since_report, sent_work_since_report
 from common.request.resilience import SlowStartConfig, ramp_factor
 
 UNKNOWN_HEADROOM = 1.0
@@ -77,7 +77,7 @@ class ZonePicker:
             ramp = ramp_factor(now - zone.healthy_since, self.failback)
             if ramp < 1.0 and self.rng.random() >= ramp:
                 continue  # a zone just back takes only its ramp's share at first
-            scored.append((self.score_in(zone, entry, origin, request.work), zone))
+            scored.append((self.score_in(zone, entry, origin), zone))
         zones = [zone for zone, _ in serving]
         if not scored:
             return sorted(zones, key=lambda z: great_circle_km(origin, z.location or home))
@@ -88,14 +88,13 @@ class ZonePicker:
     def score_ms(self, zone: Child, request: PickRequest, now: float) -> float:
         """Distance as RTT plus the zone's expected wait, grown by what was sent since."""
         entry = zone.model_capacity(request.model, now, self.summary_ttl_s)
-        return self.score_in(zone, entry, request.origin or self.home, request.work)
+        return self.score_in(zone, entry, request.origin or self.home)
 
     def score_in(
         self,
         zone: Child,
         entry: capacity_pb2.ModelCapacity | None,
         origin: GeoPoint,
-        work: float,
     ) -> float:
         """``score_ms`` from the zone's report ``entry`` (None: unknown)."""
         rtt = rtt_estimate_ms(origin, zone.location or self.home)
@@ -103,5 +102,5 @@ class ZonePicker:
             return rtt + UNKNOWN_WAIT_MS
         if entry.total_slots and headroom_in(zone, entry) <= 0:
             return rtt + FULL_ZONE_MS + 1000.0 * entry.estimated_wait_s
-        sent, held = sent_since_report(zone), zone.outstanding_requests
-        return rtt + 1000.0 * expected_wait_s(entry, sent, work, held)
+        sent, sent_work = sent_since_report(zone), sent_work_since_report(zone)
+        return rtt + 1000.0 * expected_wait_s(entry, sent, sent_work, zone.outstanding_work)

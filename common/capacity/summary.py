@@ -111,25 +111,31 @@ def combine_replicas(
 
 
 def expected_wait_s(
-    entry: capacity_pb2.ModelCapacity, sent_since: int, work: float, in_flight: int = 0
+    entry: capacity_pb2.ModelCapacity,
+    sent_since: int,
+    sent_work: float,
+    in_flight_work: float = 0.0,
 ) -> float:
-    """A child's reported wait, grown by the ``sent_since`` requests its parent sent it
-    after the report, each of about ``work`` (``PickRequest.work``): their work drained
-    at the child's capacity is what its backlog grew by. So between reports a child that
-    keeps receiving looks busier and the next one gets its turn, an idle one included
-    (the fleet simulator's finding: a growth proportional to the reported wait left a
-    zone reported idle at zero however much was sent, and every request of the next
-    half second herded to it: 0 requests a zone for seconds, then 500 in 100 ms).
+    """A child's reported wait, grown by what its parent sent it after the report:
+    ``sent_work`` (``PickRequest.work`` summed over the ``sent_since`` requests, net of
+    those back since) drained at the child's capacity is what its backlog grew by. So
+    between reports a child that keeps receiving looks busier and the next one gets its
+    turn, an idle one included (the fleet simulator's finding: a growth proportional to
+    the reported wait left a zone reported idle at zero however much was sent, and every
+    request of the next half second herded to it: 0 requests a zone for seconds, then
+    500 in 100 ms). The work sent is what those requests carry, not the asking
+    request's: grown by the asker's own size, a long request saw a busy child as far
+    busier than a short one did, and the long ones went to the farthest quiet region.
 
-    Never less than the parent's own ``in_flight`` requests there drained the same
-    way: a report is as old as the summaries under it, and what was sent while it was
-    being made is in neither the report nor the count since; the parent's own load
-    is exact, whenever the report was made. A report without a capacity (an older
-    peer's hint) grows in proportion to its busy slots."""
+    Never less than the parent's own ``in_flight_work`` there drained the same way: a
+    report is as old as the summaries under it, and what was sent while it was being
+    made is in neither the report nor the count since; the parent's own load is exact,
+    whenever the report was made. A report without a capacity (an older peer's hint)
+    grows in proportion to its busy slots."""
     capacity = entry.token_throughput_capacity
     if capacity > 0:
-        grown = entry.estimated_wait_s + sent_since * work / capacity
-        return max(grown, in_flight * work / capacity, 0.0)
+        grown = entry.estimated_wait_s + sent_work / capacity
+        return max(grown, in_flight_work / capacity, 0.0)
     busy = max(1, entry.total_slots - entry.free_slots)
     return entry.estimated_wait_s * max(0, busy + sent_since) / busy
 

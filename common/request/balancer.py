@@ -49,6 +49,8 @@ class Lease:
     """
 
     child: Child
+    # Tokens the attempt may cost (an upper tier's: prompt plus cap, the basis of its
+    # per-try limit) or, at the local tier, the work it puts on its GPU.
     work: float
     started_at: float
     model: str = ""
@@ -72,6 +74,9 @@ class Lease:
     cached_blocks: int = 0
     # The lease holds a circuit-breaker slot on its child (released with it).
     holds_breaker: bool = False
+    # An upper tier's share of its child's outstanding_work: the request's planned
+    # work (PickRequest.work), what the child's backlog grows by until it reports.
+    backlog_work: float = 0.0
     span: Span | None = None
 
 
@@ -125,7 +130,7 @@ class RankingBalancer:
         for child in ranked:
             if child.name not in tried:
                 child.outstanding_requests += 1
-                child.outstanding_work += pick.work_tokens
+                child.outstanding_work += pick.work
                 return Lease(
                     child,
                     pick.work_tokens,
@@ -135,6 +140,7 @@ class RankingBalancer:
                     tenant=pick.tenant,
                     candidates=len(ranked),
                     reason=self.reason(pick, child, ranked, tried),
+                    backlog_work=pick.work,
                 )
         reason = self.children.nothing_healthy(pick.model, tried, pick.allowed_regions)
         if pick.allowed_regions:
@@ -171,7 +177,7 @@ class RankingBalancer:
         # flight, so it counts the request busy, and its return is counted after.
         self.children.take_hint(lease.child, hint)
         lease.child.outstanding_requests -= 1
-        lease.child.outstanding_work -= lease.work
+        lease.child.outstanding_work -= lease.backlog_work
         if outcome.child_fault and hint is None:
             # No hint: the child itself did not answer (a tier that answers with a
             # hint is up, and the hint says what it lacks).

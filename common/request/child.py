@@ -37,12 +37,14 @@ class Child:
     # When direct evidence last turned healthy (-inf: healthy from the start).
     healthy_since: float = float("-inf")
     last_error: str = ""
-    # Load this tier put on the child and has not seen finish.
+    # Load this tier put on the child and has not seen finish; work in the unit of
+    # backlogs and capacities (PickRequest.work, a local tier's crediting its cache).
     outstanding_requests: int = 0
     outstanding_work: float = 0.0
-    # outstanding_requests when the newest capacity report arrived: what was sent
-    # since then is not in the report yet, and what came back since is no longer busy.
+    # Both when the newest capacity report arrived: what was sent since then is not
+    # in the report yet, and what came back since is no longer busy.
     outstanding_at_report: int = 0
+    outstanding_work_at_report: float = 0.0
     # Newest capacity summary (replicas combined) and when it arrived (this tier's
     # monotonic clock); the newest summary of each publishing replica.
     summary: capacity_pb2.CapacitySummary | None = None

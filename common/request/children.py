@@ -279,6 +279,7 @@ class ChildSet:
             child.hint_at = now
         else:
             child.outstanding_at_report = child.outstanding_requests
+            child.outstanding_work_at_report = child.outstanding_work
         if old is None or significant_change(old, child.summary):
             self._changed()
 
@@ -295,6 +296,7 @@ class ChildSet:
             return
         if hint != child.hint:
             child.outstanding_at_report = child.outstanding_requests
+            child.outstanding_work_at_report = child.outstanding_work
         child.hint = hint
         child.hint_at = self.clock()
 

@@ -73,3 +73,8 @@ def sent_since_report(child: Child) -> int:
     for a whole cadence after it was answered, and an idle region sent a client's
     requests to the next zone, in turns, from one report to the next.)"""
     return child.outstanding_requests - child.outstanding_at_report
+
+
+def sent_work_since_report(child: Child) -> float:
+    """``sent_since_report`` in work (``PickRequest.work``) rather than requests."""
+    return child.outstanding_work - child.outstanding_work_at_report

@@ -210,3 +210,27 @@ def test_a_region_that_moves_is_scored_from_where_it_is_now() -> None:
     assert names(picker.rank(london, rs, now=10)) == ["us-east", "eu-west", "ap-southeast"]
     rs[1].location = EU
     assert names(picker.rank(london, rs, now=10))[0] == "eu-west"
+
+
+def test_a_long_request_sees_the_same_waits_as_a_short_one() -> None:
+    """What this tier sent a region since its report grows the region's wait by the
+    work those requests carry, whoever asks: a long request is not sent across an
+    ocean because short ones were sent to its nearest region."""
+    rs = regions()
+    for r in rs:
+        with_summary(
+            r,
+            healthy_gpus=8,
+            total_gpus=8,
+            received_at=99.5,
+            total_slots=64,
+            free_slots=64,
+            token_throughput_capacity=10_000.0,
+        )
+    eu = rs[1]
+    eu.outstanding_requests, eu.outstanding_work = 20, 20 * 30.0  # sent since the report
+    short, long = request(EU, tokens=10), request(EU, tokens=40_000)
+    assert long.work > 100 * short.work
+    picker = seeded()
+    assert names(picker.rank(short, rs, 100.0))[0] == "eu-west"
+    assert names(picker.rank(long, rs, 100.0))[0] == "eu-west"

@@ -227,13 +227,13 @@ def test_a_hint_without_capacity_still_decodes() -> None:
 
 
 def test_expected_wait_grows_with_what_was_sent_even_from_idle() -> None:
-    """Each request sent since the report adds its work over the child's capacity, so
-    a child reported idle (wait 0) stops looking idle after the first sends."""
+    """The work sent since the report adds itself over the child's capacity, so a child
+    reported idle (wait 0) stops looking idle after the first sends."""
     idle = capacity_pb2.ModelCapacity(
         model=M, total_slots=64, free_slots=64, token_throughput_capacity=10_000.0
     )
-    assert expected_wait_s(idle, 0, 500.0) == 0.0
-    assert expected_wait_s(idle, 40, 500.0) == pytest.approx(2.0)
+    assert expected_wait_s(idle, 0, 0.0) == 0.0
+    assert expected_wait_s(idle, 40, 20_000.0) == pytest.approx(2.0)
     busy = capacity_pb2.ModelCapacity(
         model=M,
         total_slots=64,
@@ -241,20 +241,37 @@ def test_expected_wait_grows_with_what_was_sent_even_from_idle() -> None:
         estimated_wait_s=1.0,
         token_throughput_capacity=10_000.0,
     )
-    assert expected_wait_s(busy, 20, 500.0) == pytest.approx(2.0)
-    # Never below this parent's own requests in flight there, however new the report:
+    assert expected_wait_s(busy, 20, 10_000.0) == pytest.approx(2.0)
+    # Never below this parent's own work in flight there, however new the report:
     # what was sent while it was being made is in neither it nor the count since.
-    assert expected_wait_s(idle, 0, 500.0, in_flight=60) == pytest.approx(3.0)
-    assert expected_wait_s(busy, 20, 500.0, in_flight=10) == pytest.approx(2.0)
+    assert expected_wait_s(idle, 0, 0.0, in_flight_work=30_000.0) == pytest.approx(3.0)
+    assert expected_wait_s(busy, 20, 10_000.0, in_flight_work=5_000.0) == pytest.approx(2.0)
     # This parent's requests that came back since the report are no longer its load,
     # down to nothing but never below it.
-    assert expected_wait_s(busy, -10, 500.0) == pytest.approx(0.5)
-    assert expected_wait_s(busy, -30, 500.0) == 0.0
+    assert expected_wait_s(busy, -10, -5_000.0) == pytest.approx(0.5)
+    assert expected_wait_s(busy, -30, -15_000.0) == 0.0
     # No capacity in the report (an older peer's hint): in proportion to busy slots.
     busy.token_throughput_capacity = 0.0
-    assert expected_wait_s(busy, 32, 500.0) == pytest.approx(2.0)
-    assert expected_wait_s(busy, -16, 500.0) == pytest.approx(0.5)
-    assert expected_wait_s(busy, -40, 500.0) == 0.0
+    assert expected_wait_s(busy, 32, 0.0) == pytest.approx(2.0)
+    assert expected_wait_s(busy, -16, 0.0) == pytest.approx(0.5)
+    assert expected_wait_s(busy, -40, 0.0) == 0.0
+
+
+def test_expected_wait_counts_the_work_sent_not_the_askers() -> None:
+    """Two requests of very different sizes asking about one child see the same wait:
+    it grows by what was sent, whoever asks (grown by the asker's own size, long
+    requests saw busy regions as far busier and went to the farthest quiet one)."""
+    entry = capacity_pb2.ModelCapacity(
+        model=M,
+        total_slots=64,
+        free_slots=40,
+        estimated_wait_s=0.2,
+        token_throughput_capacity=10_000.0,
+    )
+    ten_small = 10 * 100.0
+    assert expected_wait_s(entry, 10, ten_small) == pytest.approx(0.3)
+    ten_large = 10 * 2_000.0
+    assert expected_wait_s(entry, 10, ten_large) == pytest.approx(2.2)
 
 
 @pytest.mark.parametrize("value", [None, "", "h=1", "h=x,t=1,s=1,f=1,q=1,u=1,w=0", "garbage"])
