@@ -19,12 +19,12 @@ from common.operations.ops_http import OpsAccess, OpsAdditions
 from common.request.balancer import RankingBalancer
 from common.request.children import Child
 from common.request.forwarding import ForwardingPolicy
-from common.request.openai_http import OpenAIEdge
 from common.request.proxy import TierSpec
 from common.request.resilience import SlowStartConfig
 from common.request.routing import CLIENT_REGION, RouteHints
 from common.tenancy.admission import edge_admission
 from common.tenancy.auth import AdminGuard
+from common.tier.client_entry import edge_front
 from common.tier.server import TierServer
 from common.tier.wiring import summary_reader, tier_children
 from global_lb.picker import RegionPicker
@@ -104,7 +104,7 @@ def build_global_tier(
             fleet_view.follow(new)
 
     tenants_redis = redis_url_for(topology, RedisKeys.TENANTS)  # quotas, leases, usage
-    tier = TierServer(
+    return TierServer(
         TierSpec(tier="global", trust_internal=False, resolve_origin=origin),
         global_policy(topology),
         regions,
@@ -135,8 +135,5 @@ def build_global_tier(
             source=reload_from,
             guard=AdminGuard(topology.auth),
         ),
+        openai=edge_front(topology.global_tier.openai),  # beside V2, into the same proxy
     )
-    openai = topology.global_tier.openai
-    if openai is not None:  # OpenAI HTTP beside V2, into the same proxy core
-        tier.services.append(OpenAIEdge(openai, tier.proxy, tier.calls))
-    return tier

@@ -7,7 +7,7 @@ import random
 from collections.abc import Callable
 
 from common.basics.geo import GeoPoint
-from common.capacity.streams import region_stream, zone_stream
+from common.capacity.streams import CapacityPublisher, region_stream, zone_stream
 from common.capacity.summary import aggregate
 from common.config.identity import regional
 from common.config.node import ConfigError
@@ -25,6 +25,7 @@ from common.request.proxy import TierSpec
 from common.request.resilience import SlowStartConfig
 from common.request.routing import RouteHints
 from common.tenancy.admission import inner_admission
+from common.tier.client_entry import client_front
 from common.tier.server import TierServer, source_id
 from common.tier.wiring import summary_publisher, summary_reader, tier_children
 from regional_lb.picker import ZonePicker
@@ -78,6 +79,18 @@ def drained(summary: capacity_pb2.CapacitySummary) -> capacity_pb2.CapacitySumma
     )
 
 
+def region_publisher(topology: Topology, zones: ChildSet, region: str) -> CapacityPublisher:
+    """Publishes the region's summary (its zones' aggregate) on its stream, in the
+    global Redis, as this process incarnation (a source id of its own)."""
+    source = source_id("regional", region)
+    return summary_publisher(
+        topology,
+        region_stream(region),
+        lambda seq: region_summary(zones, source=source, sequence=seq, region=region),
+        RedisKeys.REGION_SUMMARIES,
+    )
+
+
 def zone_children(region_cfg: RegionConfig) -> list[Child]:
     return [
         Child(name=z.name, endpoint=z.address, models=z.models, location=z.location)
@@ -107,11 +120,12 @@ def regional_policy(topology: Topology, region: str) -> ForwardingPolicy:
 
 def build_regional_tier(
     topology: Topology, region: str, *, reload_from: Callable[[], Topology] | None = None,
-    telemetry: Telemetry | None = None, publish: bool = True,
+    telemetry: Telemetry | None = None, publish: bool = True, replicas: int = 1,
 ) -> TierServer:
     """The regional tier of ``region`` as described by ``topology``; ``reload_from``
     re-reads the topology for the Admin API's ReloadTopology. ``publish``: false for all
-    but one of ``--workers`` (the same aggregate N times would add up N times above)."""
+    but one of ``--workers`` (the same aggregate N times would add up N times above);
+    ``replicas``: its processes, sharing its OpenAI edge's quotas (common.tier.client_entry)."""
     region_cfg = topology.region(region)
     tls = tier_tls(topology, regional(region))
     zones = tier_children(topology, zone_children(region_cfg), "zone", tls=tls)
@@ -122,13 +136,7 @@ def build_regional_tier(
         RedisKeys.ZONE_SUMMARIES,
         region,
     )
-    source = source_id("regional", region)
-    publisher = summary_publisher(
-        topology,
-        region_stream(region),
-        lambda seq: region_summary(zones, source=source, sequence=seq, region=region),
-        RedisKeys.REGION_SUMMARIES,
-    ) if publish else None  # fmt: skip
+    publisher = region_publisher(topology, zones, region) if publish else None
     picker = zone_picker(topology, region_cfg)
 
     def origin(hints: RouteHints) -> GeoPoint:
@@ -163,4 +171,5 @@ def build_regional_tier(
         admin=upper_tier_admin(
             "regional", region, "zone", zones, topology, wanted, follow=follow, source=reload_from
         ),
+        openai=client_front(topology, region, replicas=replicas),
     )

@@ -1,6 +1,8 @@
-"""The global tier's OpenAI-compatible HTTP endpoint: ``openai_listen`` and
-``openai_timeout_s`` in the topology's ``global`` section (served by
-``common.request.openai_http``)."""
+"""A tier's OpenAI-compatible HTTP endpoint: ``openai_listen`` and
+``openai_timeout_s`` in the topology's ``global`` section, a region's entry or a
+zone's entry, with the same meaning in each (served by
+``common.request.openai_http``; at an inner tier as a client-facing entry of its
+own, ``common.tier.client_entry``)."""
 
 from __future__ import annotations
 
@@ -14,20 +16,21 @@ DEFAULT_OPENAI_TIMEOUT_S = 600.0
 
 @dataclass(frozen=True)
 class OpenAIEdgeConfig:
-    """The global tier's OpenAI-compatible HTTP (``common.request.openai_http``)."""
+    """A tier's OpenAI-compatible HTTP (``common.request.openai_http``)."""
 
     endpoint: Endpoint
     # A request still running after this is cancelled and answered 504.
     timeout_s: float = DEFAULT_OPENAI_TIMEOUT_S
 
 
-def parse_openai_edge(glob: ConfigNode) -> OpenAIEdgeConfig | None:
-    """``openai_listen`` (absent: no OpenAI HTTP) and its ``openai_timeout_s``."""
-    text = glob.get("openai_listen", None)
-    timeout = glob.get("openai_timeout_s", DEFAULT_OPENAI_TIMEOUT_S, kind=float)
-    require_positive(glob, "openai_timeout_s", timeout)
+def parse_openai_edge(node: ConfigNode) -> OpenAIEdgeConfig | None:
+    """``openai_listen`` (absent: no OpenAI HTTP) and its ``openai_timeout_s``, in the
+    tier's entry ``node`` (``global``, ``regions[i]`` or ``regions[i].zones[j]``)."""
+    text = node.get("openai_listen", None)
+    timeout = node.get("openai_timeout_s", DEFAULT_OPENAI_TIMEOUT_S, kind=float)
+    require_positive(node, "openai_timeout_s", timeout)
     if text is None:
-        if "openai_timeout_s" in glob.raw:
-            raise ConfigError(f"{glob.key_path('openai_timeout_s')}: set without openai_listen")
+        if "openai_timeout_s" in node.raw:
+            raise ConfigError(f"{node.key_path('openai_timeout_s')}: set without openai_listen")
         return None
-    return OpenAIEdgeConfig(parse_endpoint(text, glob.key_path("openai_listen")), timeout)
+    return OpenAIEdgeConfig(parse_endpoint(text, node.key_path("openai_listen")), timeout)

@@ -56,6 +56,9 @@ class ZoneConfig:
     ops: Endpoint | None = None
     # The endpoint-picker mode for Envoy (common.config.ext_proc); None: off.
     ext_proc: ExtProcConfig | None = None
+    # OpenAI-compatible HTTP served by this zone's local tier to clients directly
+    # (``openai_listen``, ``openai_timeout_s``, as in ``global``); None: not served.
+    openai: OpenAIEdgeConfig | None = None
 
     @property
     def models(self) -> frozenset[str]:
@@ -76,6 +79,9 @@ class RegionConfig:
     # The region's own Redis (its zone streams); None: the topology's redis_url
     # (which Redis holds what: common.config.redis_layout).
     redis_url: str | None = None
+    # OpenAI-compatible HTTP served by this region's regional tier to clients directly
+    # (``openai_listen``, ``openai_timeout_s``, as in ``global``); None: not served.
+    openai: OpenAIEdgeConfig | None = None
 
     @property
     def models(self) -> frozenset[str]:
@@ -163,8 +169,12 @@ class Topology:
             yield self.global_tier.openai.endpoint
         for region in self.regions:
             yield region.endpoint
+            if region.openai is not None:
+                yield region.openai.endpoint
             for zone in region.zones:
                 yield zone.endpoint
+                if zone.openai is not None:
+                    yield zone.openai.endpoint
                 for gpu in zone.gpus:
                     yield gpu.endpoint
                     yield gpu.metrics_endpoint
@@ -311,6 +321,7 @@ def _region(rnode: ConfigNode) -> RegionConfig:
         zones=tuple(zones),
         ops=_ops(rnode),
         redis_url=_redis_url(rnode, None),
+        openai=parse_openai_edge(rnode),
     )
     rnode.done()
     return region
@@ -329,6 +340,7 @@ def _zone(znode: ConfigNode, region_location: GeoPoint) -> ZoneConfig:
         gpus=gpus,
         ops=_ops(znode),
         ext_proc=parse_ext_proc(znode),
+        openai=parse_openai_edge(znode),
     )
     znode.done()
     return zone

@@ -1,9 +1,10 @@
 """What a request must pass before a tier forwards it, and what it leaves behind.
 
-The edge (global tier) authenticates the caller, checks what it asks for,
-and applies every tenant quota, shared by its replicas through Redis: the rate
-limits (``common.tenancy.quota``) and ``max_concurrent``
-(``common.tenancy.concurrency``). Inner tiers count no quota: a request the edge
+The edge (the global tier, or the OpenAI edge of an inner tier, which clients
+call directly: ``common.tier.client_entry``) authenticates the caller, checks
+what it asks for, and applies every tenant quota, shared by its replicas
+through Redis: the rate limits (``common.tenancy.quota``) and ``max_concurrent``
+(``common.tenancy.concurrency``). Inner tiers' V2 ports count no quota: a request the edge
 admitted is the tenant's to run wherever it lands, and a quota refused below the
 edge would be failed over to another region. The edge also writes exactly one
 usage record per finished request. A tier without any of these (auth off, no
@@ -52,6 +53,9 @@ class Admission:
     settler: QuotaSettler | None = None
     # The Redis client the limiter and the concurrency caps share (closed here).
     shared: QuotaRedis | None = None
+    # The route above this tier ("eu-west" at a local tier's OpenAI edge, whose own
+    # route starts at its zone), so a usage record names the region, zone and GPU.
+    route_above: str = ""
 
     async def start(self) -> None:
         if self.shared is not None:
@@ -125,7 +129,7 @@ class Admission:
             self.settler.add(self.tenant(call.hints.tenant), real - call.tokens_charged)
         if self.usage is None:  # not the edge
             return
-        route = call.route
+        route = f"{self.route_above}/{call.route}" if self.route_above else call.route
         region, zone, gpu = ([*route.split("/"), "", "", ""])[:3] if route else ("", "", "")
         ok = call.code == grpc.StatusCode.OK
         self.usage.record(
@@ -148,12 +152,17 @@ class Admission:
 
 
 def edge_admission(
-    auth: AuthConfig, redis_url: str, replicas: int = 1, usage_replicas_ack: int = 0
+    auth: AuthConfig,
+    redis_url: str,
+    replicas: int = 1,
+    usage_replicas_ack: int = 0,
+    route_above: str = "",
 ) -> Admission:
-    """The global tier's: API keys (when enabled), shared rate limits and concurrency
-    caps, usage records (each batch on ``usage_replicas_ack`` Redis replicas before it
-    counts as written). ``replicas``: how many global replicas share the quotas (each
-    one's fallback while Redis is down is its 1/replicas share)."""
+    """The edge's (the global tier's, or an inner tier's OpenAI edge): API keys (when
+    enabled), shared rate limits and concurrency caps, usage records (each batch on
+    ``usage_replicas_ack`` Redis replicas before it counts as written). ``replicas``:
+    how many processes of this edge share the quotas (each one's fallback while Redis
+    is down is its 1/replicas share); ``route_above``: see ``Admission``."""
     limited = any(t.requests_per_s or t.tokens_per_min for t in auth.tenants)
     capped = any(t.max_concurrent is not None for t in auth.tenants)
     # One client for both quotas (one script admits a request to both), so Redis is up
@@ -178,6 +187,7 @@ def edge_admission(
         concurrency=TenantConcurrency(shared, replicas=replicas) if shared and capped else None,
         usage=UsageRecorder(redis_url, replicas_ack=usage_replicas_ack),
         shared=shared,
+        route_above=route_above,
     )
 
 

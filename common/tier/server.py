@@ -35,11 +35,13 @@ from common.request.balancer import Balancer
 from common.request.call import CallInterceptor, CallObserver
 from common.request.children import ChildSet
 from common.request.forwarding import Forwarder, ForwardingPolicy
+from common.request.openai_http import OpenAIEdge
 from common.request.peers import parent_only
 from common.request.proxy import InferenceProxy, TierSpec
 from common.request.server import V2Server
 from common.tenancy.admission import Admission
 from common.tenancy.shared_redis import QuotaRedis
+from common.tier.client_entry import OpenAIFront
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +109,10 @@ class TierServer:
     tenants: frozenset[str] = frozenset()
     # The Admin API (common.operations.admin), served on the same port; None: not served.
     admin: AdminService | None = None
+    # OpenAI-compatible HTTP into this tier's request path (common.request.openai_http);
+    # None: not served. At the edge tier its calls are the V2 port's; at an inner tier
+    # they are clients' and enter through its gate (common.tier.client_entry).
+    openai: OpenAIFront | None = None
 
     def __post_init__(self) -> None:
         self._ready = True
@@ -121,9 +127,7 @@ class TierServer:
         )
         for add in self.ops_additions.metrics:
             add(self.metrics)
-        add_redis_metrics(self.metrics, self._redis_clients())
-        if self.admission is not None and self.admission.usage is not None:
-            add_usage_metrics(self.metrics, self.admission.usage)
+        self._dependency_metrics()
         self.tracing = tracing = (
             TierTracing(trace.NoOpTracer(), self.spec.tier)
             if self.telemetry is None
@@ -145,6 +149,7 @@ class TierServer:
             limits=self.limits,
         )
         self.server = self._v2_server(tracing)
+        self.openai_edge = None if self.openai is None else self._openai_edge(self.openai)
         if self.admin is not None:
             self.server.add_service(self.admin.register, ADMIN_SERVICE)
         self.ops_server = (
@@ -168,6 +173,13 @@ class TierServer:
         # nobody serves any more is NOT_FOUND again, a new one is served.
         self.children.add_listener(self._children_changed)
 
+    def _dependency_metrics(self) -> None:
+        """Its Redis clients' state and, where it writes usage, the records' progress."""
+        add_redis_metrics(self.metrics, self._redis_clients())
+        usage = next((a.usage for a in self._admissions() if a.usage is not None), None)
+        if usage is not None:  # one edge per tier writes usage: its V2 port or its clients'
+            add_usage_metrics(self.metrics, usage)
+
     def _redis_clients(self) -> dict[str, Callable[[], bool]]:
         """Whether each of the tier's Redis clients is connected, for ``meridian_redis_up``."""
         clients: dict[str, Callable[[], bool]] = {}
@@ -176,19 +188,30 @@ class TierServer:
         if self.reader is not None:
             clients["capacity_reader"] = self.reader.redis_up
         # The edge's tenant limits, on the Redis they share (down: limited in process).
-        gate = self.admission
-        if gate is not None and gate.limiter is not None:
-            clients["quota"] = partial(_shared_up, gate.limiter.shared)
-        if gate is not None and gate.concurrency is not None:
-            clients["concurrency"] = partial(_shared_up, gate.concurrency.shared)
+        for gate in self._admissions():
+            if gate.limiter is not None:
+                clients["quota"] = partial(_shared_up, gate.limiter.shared)
+            if gate.concurrency is not None:
+                clients["concurrency"] = partial(_shared_up, gate.concurrency.shared)
         return clients
+
+    def _admissions(self) -> list[Admission]:
+        """The tier's admission and its OpenAI clients' (an inner tier's edge), if any."""
+        gate = self.openai.gate if self.openai is not None else None
+        gates = [self.admission, gate.admission if gate is not None else None]
+        return [a for a in gates if a is not None]
+
+    def _observers(self, tracing: TierTracing) -> list[CallObserver]:
+        """What observes every inference call of the tier: tracing, metrics, the shed log."""
+        observers: list[CallObserver] = [tracing] if tracing.enabled else []
+        observers.append(self.metrics)
+        observers.append(self.shed_log)
+        return observers
 
     def _v2_server(self, tracing: TierTracing) -> V2Server:
         """The gRPC server, its calls observed by tracing, metrics and (at the edge) usage."""
-        observers: list[CallObserver] = [tracing] if tracing.enabled else []
-        observers.append(self.metrics)
         self.shed_log = ShedLog(self.spec.tier)  # sheds as one summary line per burst
-        observers.append(self.shed_log)
+        observers = self._observers(tracing)
         if self.admission is not None and self.admission.usage is not None:
             observers.append(self.admission)
         edge = not self.spec.trust_internal  # the tier clients call
@@ -209,10 +232,35 @@ class TierServer:
             edge=edge,
         )
 
+    def _openai_edge(self, front: OpenAIFront) -> OpenAIEdge:
+        """OpenAI HTTP into this tier: the edge tier's own proxy and calls; at an inner
+        tier a proxy and interceptor of the clients' own (common.tier.client_entry) on
+        the same children, balancer and forwarding loop."""
+        gate = front.gate
+        if gate is None:
+            if self.spec.trust_internal:
+                raise ValueError(
+                    f"the {self.spec.tier} tier trusts its V2 callers: its OpenAI edge, "
+                    "which clients call, needs a gate (common.tier.client_entry)"
+                )
+            return OpenAIEdge(front.config, self.proxy, self.calls)
+        proxy = InferenceProxy(
+            gate.client_spec(self.spec),
+            self.children,
+            self.balancer,
+            self.forwarder,
+            gate=gate,
+            limits=self.limits,
+        )
+        calls = CallInterceptor([*self._observers(self.tracing), gate])
+        return OpenAIEdge(front.config, proxy, calls)
+
     def _children_changed(self) -> None:
         models = frozenset(m for c in self.children.children for m in c.models)
         if models != self.proxy.models:
             self.proxy.serve_models(models)
+        if self.openai_edge is not None and models != self.openai_edge.proxy.models:
+            self.openai_edge.proxy.serve_models(models)
 
     def _readiness_changed(self) -> None:
         """Serve grpc.health.v1 SERVING only while some child is up: the tier above
@@ -234,8 +282,12 @@ class TierServer:
         await self.children.start()
         if self.admission is not None:
             await self.admission.start()
+        if self.openai is not None and self.openai.gate is not None:
+            await self.openai.gate.start()
         for service in self.services:
             await service.start()
+        if self.openai_edge is not None:
+            await self.openai_edge.start()
         await self.server.start()
         self.tracing.serve_at(self.endpoint.host, self.server.port)
         if self.ops_server is not None:
@@ -262,8 +314,12 @@ class TierServer:
             await self.publisher.stop()
         if self.reader is not None:
             await self.reader.stop()
+        if self.openai_edge is not None:  # its calls in flight finish first
+            await self.openai_edge.stop()
         for service in reversed(self.services):
             await service.stop()
+        if self.openai is not None and self.openai.gate is not None:
+            await self.openai.gate.stop()  # flushes its usage records
         if self.admission is not None:
             await self.admission.stop()
         await self.children.stop()

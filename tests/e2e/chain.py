@@ -20,17 +20,23 @@ from sim.worker import ZoneWorkers
 
 @contextlib.asynccontextmanager
 async def running_chain(
-    topo: Topology, workers: ZoneWorkers, tiers: Sequence[TierServer], model: str
+    topo: Topology,
+    workers: ZoneWorkers,
+    tiers: Sequence[TierServer],
+    model: str,
+    *,
+    top: str | None = None,
 ) -> AsyncIterator[pb_grpc.GRPCInferenceServiceStub]:
     """Start ``workers`` and ``tiers`` (bottom first), wait until ``model`` is ready through
-    the global tier, yield a stub on it; stop whatever started, top first, however it ends."""
+    the global tier (or the V2 address ``top``, when the chain ends below it), yield a stub
+    on it; stop whatever started, top first, however it ends."""
     await workers.start()
     started: list[TierServer] = []
     try:
         for tier in tiers:
             await tier.start()
             started.append(tier)
-        async with grpc.aio.insecure_channel(topo.global_tier.endpoint.address) as channel:
+        async with grpc.aio.insecure_channel(top or topo.global_tier.endpoint.address) as channel:
             stub = pb_grpc.GRPCInferenceServiceStub(channel)
             for _ in range(100):  # until every tier has seen its children healthy
                 if (await stub.ModelReady(pb.ModelReadyRequest(name=model), timeout=5)).ready:

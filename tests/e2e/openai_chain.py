@@ -1,5 +1,9 @@
-"""An OpenAI edge on a real chain in this process: global (with ``openai_listen``) →
-regional → local → emulated GPUs, tenants on, a real Redis for quotas and usage."""
+"""An OpenAI edge on a real chain in this process: global → regional → local → emulated
+GPUs, tenants on, a real Redis for quotas and usage. The edge (``openai_listen``) is at
+the tier ``edge`` names: the global tier, or an inner tier that clients call directly
+(then the chain starts there: a local tier alone in front of its GPUs, or a regional
+tier over its local tier), so the same tests hold every tier's OpenAI edge to one
+standard."""
 
 from __future__ import annotations
 
@@ -16,7 +20,6 @@ import redis
 
 from common.basics.redis_embed import free_port
 from common.config.topology import topology_from_mapping
-from common.request.openai_http import OpenAIEdge
 from common.tenancy.auth import hash_key
 from common.tenancy.usage import USAGE_STREAM, UsageRecord
 from common.tier.server import TierServer
@@ -28,6 +31,8 @@ from sim.worker import ZoneWorkers
 from tests.e2e.chain import running_chain
 
 REGION, ZONE, MODEL = "eu", "eu-1a", "m"
+# The tiers an OpenAI edge is tested at: the edge tier, and inner tiers clients call directly.
+EDGES = ("global", "regional", "local")
 TENANTS: dict[str, dict[str, Any]] = {
     "gold": {"priority_ceiling": "critical"},
     # Two requests a second (burst two), at most sheddable.
@@ -43,8 +48,14 @@ class Chain:
     keys: dict[str, str]
     ids: dict[str, str]
     redis_url: str
-    # The global tier's V2 gRPC address, beside its OpenAI edge.
+    # The edge tier's V2 gRPC address, beside its OpenAI edge.
     v2_address: str = ""
+    # The tier serving the OpenAI edge: global, regional or local.
+    edge: str = "global"
+
+    def route(self, gpu: str) -> str:
+        """``x-meridian-route`` as this edge answers it for ``gpu`` (from its own tier down)."""
+        return f"{ZONE}/{gpu}" if self.edge == "local" else f"{REGION}/{ZONE}/{gpu}"
 
     def client(self, tenant: str | None = "gold", **headers: str) -> openai.AsyncOpenAI:
         """The stock client with ``tenant``'s key (None: no key) and extra headers."""
@@ -95,7 +106,11 @@ class Chain:
 
 
 def chain_mapping(
-    redis_url: str, ids: dict[str, str], keys: dict[str, str], timeout_s: float | None
+    redis_url: str,
+    ids: dict[str, str],
+    keys: dict[str, str],
+    timeout_s: float | None,
+    edge: str = "global",
 ) -> dict[str, Any]:
     tenants = [
         {"id": ids[name], "api_key_sha256": [hash_key(keys[name])], **limits}
@@ -113,33 +128,40 @@ def chain_mapping(
         slow_start_window_s=0,
         auth={"enabled": True, "tenants": tenants},
     )
-    mapping["global"]["openai_listen"] = "127.0.0.1:0"
+    region = mapping["regions"][0]
+    entry = {"global": mapping["global"], "regional": region, "local": region["zones"][0]}[edge]
+    entry["openai_listen"] = "127.0.0.1:0"
     if timeout_s is not None:
-        mapping["global"]["openai_timeout_s"] = timeout_s
+        entry["openai_timeout_s"] = timeout_s
     return mapping
 
 
 @asynccontextmanager
 async def openai_chain(
-    redis_url: str, *, timeout_s: float | None = None, time_scale: float = 0.05
+    redis_url: str,
+    *,
+    timeout_s: float | None = None,
+    time_scale: float = 0.05,
+    edge: str = "global",
 ) -> AsyncIterator[Chain]:
-    """Start the chain, wait until the model is ready through it, stop it all after."""
+    """Start the chain up to the ``edge`` tier, wait until the model is ready through it,
+    stop it all after."""
     suffix = uuid.uuid4().hex[:8]  # fresh tenants: rate limits live in the shared Redis
     ids = {name: f"{name}-{suffix}" for name in TENANTS}
     keys = {name: f"mk_{name}_{suffix}" for name in TENANTS}
-    topo = topology_from_mapping(chain_mapping(redis_url, ids, keys, timeout_s))
+    topo = topology_from_mapping(chain_mapping(redis_url, ids, keys, timeout_s, edge))
     workers = ZoneWorkers(topo.zone(REGION, ZONE), region=REGION, time_scale=time_scale)
-    edge = build_global_tier(topo)
-    tiers: list[TierServer] = [
-        build_local_tier(topo, REGION, ZONE),
-        build_regional_tier(topo, REGION),
-        edge,
-    ]
+    tiers: list[TierServer] = [build_local_tier(topo, REGION, ZONE)]
+    if edge != "local":
+        tiers.append(build_regional_tier(topo, REGION))
+    if edge == "global":
+        tiers.append(build_global_tier(topo))
+    top = tiers[-1]
     try:
-        async with running_chain(topo, workers, tiers, MODEL):
-            (http,) = [s for s in edge.services if isinstance(s, OpenAIEdge)]
-            v2 = topo.global_tier.endpoint.address
-            yield Chain(f"http://{http.address}/v1", workers, keys, ids, redis_url, v2)
+        async with running_chain(topo, workers, tiers, MODEL, top=top.server.address):
+            assert top.openai_edge is not None
+            url = f"http://{top.openai_edge.address}/v1"
+            yield Chain(url, workers, keys, ids, redis_url, top.server.address, edge)
     finally:
         # The openai client resolves its host on the loop's default executor: join its thread.
         await asyncio.get_running_loop().shutdown_default_executor()

@@ -13,16 +13,18 @@ import aiohttp
 import pytest
 
 from common.basics.redis_embed import EmbeddedRedis
-from tests.e2e.openai_chain import MODEL, Chain, openai_chain
+from tests.e2e.openai_chain import EDGES, MODEL, Chain, openai_chain
 
 CHAT = "/chat/completions"
 COMPLETIONS = "/completions"
 GOOD = {"model": MODEL, "prompt": "tell me about routers", "max_tokens": 2}
 
 
-@pytest.fixture
-async def chain(redis_server: EmbeddedRedis) -> AsyncIterator[Chain]:
-    async with openai_chain(redis_server.url) as running:
+@pytest.fixture(params=EDGES)
+async def chain(
+    redis_server: EmbeddedRedis, request: pytest.FixtureRequest
+) -> AsyncIterator[Chain]:
+    async with openai_chain(redis_server.url, edge=request.param) as running:
         yield running
 
 
@@ -106,11 +108,12 @@ async def test_unknown_paths_and_methods_answer_in_openai_shape(chain: Chain) ->
             assert error(await reply.json())["code"] == "method_not_allowed"
 
 
+@pytest.mark.parametrize("edge", EDGES)
 async def test_a_client_gone_mid_stream_cancels_its_request_down_to_the_gpu(
-    redis_server: EmbeddedRedis,
+    redis_server: EmbeddedRedis, edge: str
 ) -> None:
     # Real-time GPUs: 4000 tokens take ~20 s, so only a cancellation ends it soon.
-    async with openai_chain(redis_server.url, time_scale=1.0) as chain:
+    async with openai_chain(redis_server.url, time_scale=1.0, edge=edge) as chain:
         body = {**GOOD, "max_tokens": 4000, "stream": True}
         async with aiohttp.ClientSession(headers=chain.auth("solo")) as session:
             async with session.post(chain.base_url + COMPLETIONS, json=body) as reply:
@@ -131,10 +134,11 @@ async def test_a_client_gone_mid_stream_cancels_its_request_down_to_the_gpu(
         assert status == 200 and again["choices"][0]["text"]
 
 
+@pytest.mark.parametrize("edge", EDGES)
 async def test_a_client_gone_before_a_unary_answer_cancels_it_too(
-    redis_server: EmbeddedRedis,
+    redis_server: EmbeddedRedis, edge: str
 ) -> None:
-    async with openai_chain(redis_server.url, time_scale=1.0) as chain:
+    async with openai_chain(redis_server.url, time_scale=1.0, edge=edge) as chain:
         body = {**GOOD, "max_tokens": 4000}
         timeout = aiohttp.ClientTimeout(total=0.5)
         async with aiohttp.ClientSession(headers=chain.auth("solo"), timeout=timeout) as session:

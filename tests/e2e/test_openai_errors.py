@@ -11,14 +11,16 @@ import openai
 import pytest
 
 from common.basics.redis_embed import EmbeddedRedis
-from tests.e2e.openai_chain import MODEL, Chain, openai_chain
+from tests.e2e.openai_chain import EDGES, MODEL, Chain, openai_chain
 
 PROMPT = "tell me about routers"
 
 
-@pytest.fixture
-async def chain(redis_server: EmbeddedRedis) -> AsyncIterator[Chain]:
-    async with openai_chain(redis_server.url) as running:
+@pytest.fixture(params=EDGES)
+async def chain(
+    redis_server: EmbeddedRedis, request: pytest.FixtureRequest
+) -> AsyncIterator[Chain]:
+    async with openai_chain(redis_server.url, edge=request.param) as running:
         yield running
 
 
@@ -135,10 +137,11 @@ async def test_no_healthy_gpu_is_503_and_a_gpu_lost_mid_stream_is_an_error_event
     assert [r.status for r in records][-1] == "UNAVAILABLE" and records[0].status != "OK"
 
 
+@pytest.mark.parametrize("edge", EDGES)
 async def test_a_request_past_openai_timeout_s_is_504_and_frees_its_gpu(
-    redis_server: EmbeddedRedis,
+    redis_server: EmbeddedRedis, edge: str
 ) -> None:
-    async with openai_chain(redis_server.url, timeout_s=0.5, time_scale=1.0) as slow:
+    async with openai_chain(redis_server.url, timeout_s=0.5, time_scale=1.0, edge=edge) as slow:
         async with slow.client() as client:
             with pytest.raises(openai.InternalServerError) as caught:
                 await completion(client, max_tokens=2000)  # ~10 s on an A100

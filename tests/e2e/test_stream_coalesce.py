@@ -25,7 +25,6 @@ from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.topology import Topology, topology_from_mapping
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
-from common.request.openai_http import OpenAIEdge
 from common.request.v2 import generate_request, response_text
 from global_lb.server import build_global_tier
 from local_lb.server import build_local_tier
@@ -91,8 +90,8 @@ def chain(redis_server: EmbeddedRedis) -> Start:
         tiers = [build_local_tier(topo, REGION, ZONE), build_regional_tier(topo, REGION), edge]
         try:
             async with running_chain(topo, workers, tiers, MODEL):
-                (http,) = [s for s in edge.services if isinstance(s, OpenAIEdge)]
-                yield Chain(topo, workers, f"http://{http.address}/v1")
+                assert edge.openai_edge is not None
+                yield Chain(topo, workers, f"http://{edge.openai_edge.address}/v1")
         finally:
             # The openai client resolves its host on the loop's default executor.
             await asyncio.get_running_loop().shutdown_default_executor()

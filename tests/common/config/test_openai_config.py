@@ -1,4 +1,5 @@
-"""The global tier's OpenAI HTTP settings: ``openai_listen`` and ``openai_timeout_s``."""
+"""The OpenAI HTTP settings, ``openai_listen`` and ``openai_timeout_s``: in ``global``, a
+region's entry or a zone's."""
 
 from typing import Any
 
@@ -62,4 +63,46 @@ def test_a_bad_setting_names_its_key(keys: dict[str, Any], message: str) -> None
 def test_the_launcher_resolves_port_0() -> None:
     raw = resolve_ports(with_global(openai_listen="127.0.0.1:0"))
     port = int(raw["global"]["openai_listen"].rpartition(":")[2])
+    assert port > 0
+
+
+# A zone's and a region's entry take the same keys, with the same meaning and checks.
+def _inner(where: str, **keys: Any) -> dict[str, Any]:
+    raw = with_global()
+    entry = raw["regions"][0] if where == "region" else raw["regions"][0]["zones"][1]
+    entry.update(keys)
+    return raw
+
+
+INNER_PATHS = {"region": r"regions\[0\]", "zone": r"regions\[0\]\.zones\[1\]"}
+
+
+@pytest.mark.parametrize("where", sorted(INNER_PATHS))
+def test_a_zone_or_region_reads_the_same_keys(where: str) -> None:
+    topo = topology_from_mapping(_inner(where, openai_listen="127.0.0.1:0", openai_timeout_s=5))
+    region = topo.regions[0]
+    openai = region.openai if where == "region" else region.zones[1].openai
+    assert openai is not None and (openai.endpoint.port, openai.timeout_s) == (0, 5.0)
+    assert openai.endpoint in list(topo.endpoints())
+    others = [z.openai for z in region.zones] + [r.openai for r in topo.regions]
+    assert sum(o is not None for o in others) == 1  # only where it was set
+
+
+@pytest.mark.parametrize("where", sorted(INNER_PATHS))
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"openai_listen": "8000"}, r"\.openai_listen: expected 'host:port'"),
+        ({"openai_listen": "127.0.0.1:0", "openai_timeout_s": 0}, r"\.openai_timeout_s: must be"),
+        ({"openai_timeout_s": 10}, r"\.openai_timeout_s: set without openai_listen"),
+    ],
+)
+def test_a_bad_inner_setting_names_its_key(where: str, keys: dict[str, Any], message: str) -> None:
+    with pytest.raises(ConfigError, match="^" + INNER_PATHS[where] + message):
+        topology_from_mapping(_inner(where, **keys))
+
+
+def test_the_launcher_resolves_an_inner_port_0() -> None:
+    raw = resolve_ports(_inner("zone", openai_listen="127.0.0.1:0"))
+    port = int(raw["regions"][0]["zones"][1]["openai_listen"].rpartition(":")[2])
     assert port > 0
