@@ -19,7 +19,7 @@ ENVOY_STAMP := $(ENVOY_VENV)/.installed-$(ENVOY_VERSION)
 # environment sets PYTHONDONTWRITEBYTECODE each would compile the project's modules again.
 BYTECODE := $(PY) -m compileall -q cli common global_lb local_lb regional_lb sim bench tests
 
-.PHONY: up test proto lint bench multihost browser promtool mlserver envoy xpyd wheelhouse peers sim-native clean
+.PHONY: up test proto lint bench multihost browser promtool mlserver envoy xpyd routers wheelhouse peers sim-native clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -148,5 +148,17 @@ $(ENVOY_STAMP):
 
 envoy: $(ENVOY_STAMP)
 
+# The field's LLM routers (Rust binaries in PyPI wheels) in a virtualenv of their own, for
+# bench/field_routers (`python -m bench.field_routers`). Not part of `make test`: no test needs them.
+ROUTERS_VENV ?= .venv-routers
+ROUTERS_PINS := smg==1.13.0 sglang-router==0.3.2 vllm-router==0.1.17
+ROUTERS_STAMP := $(ROUTERS_VENV)/.installed-smg1.13.0-sglang0.3.2-vllm0.1.17
+$(ROUTERS_STAMP):
+	$(PYTHON) -m venv $(ROUTERS_VENV)
+	$(ROUTERS_VENV)/bin/python -m pip install --quiet $(ROUTERS_PINS)
+	touch $(ROUTERS_STAMP)
+
+routers: $(ROUTERS_STAMP)
+
 clean:
-	rm -rf $(VENV) $(MLSERVER_VENV) $(ENVOY_VENV) $(XPYD_VENV) $(WHEELHOUSE) .sim-native build *.egg-info
+	rm -rf $(VENV) $(MLSERVER_VENV) $(ENVOY_VENV) $(XPYD_VENV) $(ROUTERS_VENV) $(WHEELHOUSE) .sim-native build *.egg-info
