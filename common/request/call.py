@@ -34,6 +34,7 @@ import grpc
 from opentelemetry import trace
 from opentelemetry.trace import Span
 
+from common.request.abort import abort_call
 from common.request.routing import RouteHints
 
 STREAM_METHOD = "ModelStreamInfer"
@@ -167,6 +168,24 @@ def final_status(context: Any, exc: BaseException | None) -> tuple[grpc.StatusCo
     return grpc.StatusCode.UNKNOWN, str(exc)
 
 
+async def in_time(handling: Awaitable[Any], context: grpc.aio.ServicerContext) -> Any:
+    """A gRPC unary handler's answer, unless it came after the caller's deadline.
+
+    gRPC's core answers DEADLINE_EXCEEDED itself once the deadline passes and drops a
+    later answer, but grpc.aio cancels the handler only if it is awaiting then: one
+    whose event loop was busy at that moment (a loaded tier) returns its answer as if
+    in time, and its observers would record OK, a usage record billing an answer the
+    caller never got. Such an answer ends the call as DEADLINE_EXCEEDED instead
+    (``abort_call``, quietly), which is what the caller saw."""
+    response = await handling
+    left = context.time_remaining()
+    if left is not None and left <= 0:
+        await abort_call(
+            context, grpc.StatusCode.DEADLINE_EXCEEDED, "answered after the caller's deadline"
+        )
+    return response
+
+
 class CallInterceptor(grpc.aio.ServerInterceptor):
     """Wraps ModelInfer and ModelStreamInfer in one ``CallRecord`` shared by ``observers``:
     started in their order, ended in reverse (the first to start is the last to end, so
@@ -205,7 +224,8 @@ class CallInterceptor(grpc.aio.ServerInterceptor):
 
             async def observed_unary(request: Any, context: Any) -> Any:
                 metadata = context.invocation_metadata() or ()
-                return await self.observe(method, metadata, context, unary(request, context))
+                answering = in_time(unary(request, context), context)
+                return await self.observe(method, metadata, context, answering)
 
             return grpc.unary_unary_rpc_method_handler(
                 observed_unary,

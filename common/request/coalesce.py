@@ -80,6 +80,7 @@ class Outbox:
         "_ready",
         "_room",
         "closing",
+        "lost",
         "parts",
         "responses",
         "since",
@@ -95,6 +96,8 @@ class Outbox:
         self.closing = False
         # A message taken from here is being written.
         self.writing = False
+        # A message taken from here never reached the caller (its write failed).
+        self.lost = False
         # Token responses taken in, and whether counts are written on the way out.
         self.responses = 0
         self.stamping = False
@@ -140,9 +143,12 @@ class Outbox:
         response.infer_response.parameters[COMPLETION_TOKENS].int64_param = self.responses
         return response
 
-    def taken(self) -> None:
-        """The message ``take`` gave was written: a request waiting for room goes on."""
+    def taken(self, written: bool = True) -> None:
+        """The message ``take`` gave was written (``written`` False: its write failed,
+        the caller never got it): a request waiting for room goes on."""
         self.writing = False
+        if not written:
+            self.lost = True
         room = self._room
         if room is not None and not room.done():
             room.set_result(None)

@@ -22,6 +22,15 @@ stream so marked ends it with the request's status instead of an
 ``error_message``: so a failure below reaches this tier as a status it can fail
 over on (with its ``retry-after-ms``), exactly as for ModelInfer.
 
+**Served** means answered whole *to the caller*: the request's record (its usage
+record at the edge) is reported only once what it put out was written to the caller,
+and says OK only if its answer was — the child's stream ended OK, or the child's
+response marked ``triton_final_response`` (or the one whole answer) was relayed and
+written. A child that fails after its final response (a tier that hung or died before
+its trailers came) leaves the request served: no error follows the answer and the
+record says OK; an answer the stream ended before writing (the caller's deadline, a
+failed write) is not billed as served, even if the child finished it.
+
 What the request cost goes into its own ``CallRecord`` (``CallRecord.for_request``):
 the counts its GPU reported in the responses (``common.request.tokens``: the last
 response's totals, or Triton's per-response counts summed), else the estimates: its
@@ -46,10 +55,11 @@ from common.gen.inference import grpc_service_pb2 as pb
 from common.request.attempt import Metadata
 from common.request.call import STREAM_METHOD, CallRecord
 from common.request.children import Child
+from common.request.coalesce import Outbox
 from common.request.pick import PickRequest
 from common.request.routing import SINGLE_REQUEST
 from common.request.tokens import TokenCount
-from common.request.v2 import GenerateRequest, wants_stream
+from common.request.v2 import FINAL_RESPONSE, GenerateRequest, wants_stream
 
 log = logging.getLogger(__name__)
 
@@ -79,6 +89,9 @@ class StreamRequestAttempt:
     count: TokenCount = field(default_factory=TokenCount)
     # When (monotonic) the first response carrying output was written back.
     first_response_at: float | None = None
+    # The child's answer is whole: its final response (``triton_final_response``, or
+    # the one answer of ModelInfer) was relayed. Nothing of the request's follows it.
+    final: bool = False
 
     # Served by ModelInfer, in one response (a child whose stream is not Triton's).
     whole: bool = False
@@ -135,6 +148,9 @@ class StreamRequestAttempt:
                 self._last = None
             else:
                 self._last = infer
+            final = infer.parameters.get(FINAL_RESPONSE)
+            if final is not None and final.bool_param:
+                self.final = True
         await self.write(response)
 
     def settle_count(self) -> None:
@@ -150,7 +166,7 @@ class StreamRequestAttempt:
         assert child.stub is not None
         call = child.stub.ModelInfer(self.request, metadata=metadata, timeout=timeout)
         response = await call
-        self.whole = True
+        self.whole = self.final = True
         await self._relay(pb.ModelStreamInferResponse(infer_response=response))
         self.settle_count()
         return None, await call.trailing_metadata()
@@ -207,13 +223,15 @@ class StreamRequest:
     """One request of a stream: ``serve`` it, then ``settle`` its record."""
 
     def __init__(
-        self, request: pb.ModelInferRequest, stream: CallRecord, path: RequestPath, write: Write
+        self, request: pb.ModelInferRequest, stream: CallRecord, path: RequestPath, box: Outbox
     ) -> None:
         self.request = request
         self.stream = stream
         self.record = stream.for_request()
         self.path = path
-        self.attempt = StreamRequestAttempt(request, write)
+        # Where its responses wait for the stream's writer.
+        self.box = box
+        self.attempt = StreamRequestAttempt(request, box.put)
         self.pick: PickRequest | None = None
 
     async def serve(self) -> None:
@@ -235,6 +253,11 @@ class StreamRequest:
 
     def settle(self, code: grpc.StatusCode, detail: str) -> None:
         self.record.code, self.record.detail = code, detail
+
+    @property
+    def delivered(self) -> bool:
+        """Its whole answer was written to the caller (see the module docstring)."""
+        return self.attempt.final and self.box.drained and not self.box.lost
 
     def completion_tokens(self) -> int:
         """The estimate where the GPU reported nothing: token responses it got when
@@ -260,17 +283,33 @@ async def serve_request(
     one: StreamRequest,
     refused: Callable[[pb.ModelInferRequest, RouteError], Awaitable[None]],
     ending_code: Callable[[], grpc.StatusCode],
+    flush: Callable[[], Awaitable[None]],
 ) -> None:
-    """Serve one request of a stream and report its record, however it ends: a
-    failure goes to ``refused``; cancelled (the stream is ending) it ends with
-    ``ending_code()``."""
+    """Serve one request of a stream and report its record, however it ends, once what
+    it put out was written (``flush``): OK only when its answer reached the caller
+    whole (see the module docstring). A failure before its final response goes to
+    ``refused``; cancelled (the stream is ending) it ends with ``ending_code()`` unless
+    its answer was already written."""
     try:
-        await one.serve()
+        try:
+            await one.serve()
+        except RouteError as err:
+            if not one.attempt.final:
+                raise
+            # Its child failed after the final response (trailers lost to a hung or
+            # dead tier): the answer is whole and on its way, the request served.
+            one.settle(grpc.StatusCode.OK, f"answered before the child failed: {err.message}")
+        await flush()
+        if one.box.lost:
+            one.settle(ending_code(), "the stream ended before the answer was written")
     except RouteError as err:
         one.settle(err.code, err.message)
         await refused(one.request, err)
     except asyncio.CancelledError:
-        one.settle(ending_code(), "the stream ended before the request did")
+        if one.delivered:
+            one.settle(grpc.StatusCode.OK, "")
+        else:
+            one.settle(ending_code(), "the stream ended before the request did")
         raise
     except Exception as exc:  # a bug must still answer the request, not drop it
         bug = RouteError(grpc.StatusCode.INTERNAL, f"{type(exc).__name__}: {exc}")

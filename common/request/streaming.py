@@ -28,6 +28,8 @@ the tier whose children are the GPUs) the writer also holds a request's first
 waiting response that long before writing what has gathered, unless the request has
 ended or that response is its first token (which goes at once). The write timeout is
 one timer per stream, re-armed only when it fires: no per-message timer, lock or task.
+A request's record waits until what it put out was written, or failed to be: it says
+OK only for an answer that reached the caller whole (``common.request.stream_request``).
 
 A request that fails — refused at parse, place or admission, or failing after it
 committed — gets an ``error_message`` naming its request id and the stream goes
@@ -147,9 +149,10 @@ class StreamRelay:
         if not self.record.model:
             self.record.model = request.model_name
         box = Outbox(self._ready)
-        one = StreamRequest(request, self.record, self.path, box.put)
+        one = StreamRequest(request, self.record, self.path, box)
         refused = partial(self._refused, box)
-        task = asyncio.create_task(serve_request(one, refused, self._ending_code))
+        flush = partial(self._flush, box)
+        task = asyncio.create_task(serve_request(one, refused, self._ending_code, flush))
         self.in_flight[task] = box
         task.add_done_callback(self._finished)
 
@@ -182,9 +185,24 @@ class StreamRelay:
         else:
             await box.put(error_response(request, err))
 
+    async def _flush(self, box: Outbox) -> None:
+        """Until what ``box`` holds is written, or failed to be (``box.lost``): it goes
+        now, without a window. A request's record waits for it (``serve_request``)."""
+        if not box.drained:
+            box.closing = True
+            self._wake_writer()
+            await box.wait_drained()
+
     def _ending_code(self) -> grpc.StatusCode:
         """The status of a request cut short because its stream is ending."""
-        return self.failure.code if self.failure is not None else grpc.StatusCode.CANCELLED
+        return self.failure.code if self.failure is not None else self._caller_gone()
+
+    def _caller_gone(self) -> grpc.StatusCode:
+        """Why the call ended under the relay: DEADLINE_EXCEEDED once the caller's
+        deadline passed (what the caller got), else CANCELLED (the caller went away)."""
+        left = self.context.time_remaining()
+        spent = left is not None and left <= 0
+        return grpc.StatusCode.DEADLINE_EXCEEDED if spent else grpc.StatusCode.CANCELLED
 
     def _fail(self, err: RouteError) -> None:
         """End the stream with ``err``: every request in flight is cancelled now."""
@@ -228,8 +246,7 @@ class StreamRelay:
             response = box.take()
             if box.parts:  # something it could not merge: its turn comes again
                 self._ready(box)
-            await self._write(response)
-            box.taken()
+            box.taken(await self._write(response))
 
     async def _sleep(self, seconds: float | None) -> None:
         """Until ``_wake_writer`` (or ``seconds``, when given)."""
@@ -242,18 +259,21 @@ class StreamRelay:
             if timer is not None:
                 timer.cancel()
 
-    async def _write(self, response: pb.ModelStreamInferResponse) -> None:
-        """Write one response to the caller; a failure to write ends the stream."""
+    async def _write(self, response: pb.ModelStreamInferResponse) -> bool:
+        """Write one response to the caller: whether it was; a failure to write ends the
+        stream."""
         self._writing_since = self._loop.time()
         if self._watchdog is None:
             self._watchdog = self._loop.call_later(self.write_timeout_s, self._check_write)
         try:
             await self.context.write(response)
+            return True
         except (grpc.RpcError, grpc.aio.BaseError, asyncio.InvalidStateError, RuntimeError) as exc:
             # The call is already over (the caller went away mid-write; grpc.aio may say
             # so with an InternalError): the caller's doing, never the child's.
             failed = f"writing to the caller failed: {exc}"
-            self._fail(RouteError(grpc.StatusCode.CANCELLED, failed))
+            self._fail(RouteError(self._caller_gone(), failed))
+            return False
         finally:
             self._writing_since = None
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,9 @@ class Handler(pb_grpc.GRPCInferenceServiceServicer):
         call.model = request.model_name
         if request.id == "missing":
             await context.abort(grpc.StatusCode.NOT_FOUND, "no such model")
+        left = context.time_remaining()
+        if request.id == "late" and left is not None:  # too busy to see the deadline pass
+            time.sleep(left + 0.05)  # noqa: ASYNC251 (grpc must not cancel it first)
         call.route = "zone/gpu-1"
         return text_response(request, "ok")
 
@@ -114,6 +118,25 @@ async def test_an_aborted_call_ends_with_its_status_and_message(
         await asyncio.sleep(0.01)
     call = events[-1][2]
     assert (call.code, call.detail, call.route) == (grpc.StatusCode.NOT_FOUND, "no such model", "")
+
+
+async def test_an_answer_ready_after_the_callers_deadline_ends_the_call_as_exceeded(
+    served: tuple[pb_grpc.GRPCInferenceServiceStub, list[Any]],
+) -> None:
+    """The handler's loop was busy through the deadline (grpc.aio could not cancel
+    it), so it returned an answer the caller never got: the observers (the usage
+    record) see DEADLINE_EXCEEDED, what the caller saw, never OK."""
+    stub, events = served
+    with pytest.raises(grpc.aio.AioRpcError) as caught:
+        await stub.ModelInfer(generate_request("m", "hi", request_id="late"), timeout=0.1)
+    assert caught.value.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    for _ in range(100):
+        if len(events) == 4:
+            break
+        await asyncio.sleep(0.01)
+    call = events[-1][2]
+    assert call.code == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert call.detail == "answered after the caller's deadline"
 
 
 async def test_a_stream_is_one_call_with_what_its_handler_counted(
