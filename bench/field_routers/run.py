@@ -60,9 +60,10 @@ def window(
     before_gpu = gpu_counters(urls)
     before = {n: process_tree_cpu(p) for n, p in pids.items()}
     gpu_before = process_tree_cpu(gpu_pid)
-    started = time.perf_counter()
+    started, client_before = time.perf_counter(), time.process_time()
     outcomes = asyncio.run(offer(stage.available[front], turns, salt, plan.timeout_s, plan.api))
     wall = time.perf_counter() - started
+    client_cpu = time.process_time() - client_before
     cpu = {n: process_tree_cpu(p) - before[n] for n, p in pids.items()}
     gpu_cpu = process_tree_cpu(gpu_pid) - gpu_before
     after_gpu = gpu_counters(urls)
@@ -78,7 +79,7 @@ def window(
         cpu,
         gpu_cpu,
         hit / prompt if prompt else None,
-        {"gpu_generated_tokens": generated},
+        {"gpu_generated_tokens": generated, "client_cpu_s": client_cpu},
     )
 
 
@@ -124,5 +125,13 @@ def line(row: dict[str, Any]) -> str:
         f"ttft p50/p99 {f('ttft_p50_ms')}/{f('ttft_p99_ms')} ms "
         f"e2e p50/p99 {f('e2e_p50_ms')}/{f('e2e_p99_ms')} ms "
         f"tpot p50 {f('tpot_p50_ms', 1)} ms hit {f('prefix_hit', 2)} "
-        f"gpu {f('gpu_cpu_ms_per_request', 2)} ms/req"
+        f"gpu {f('gpu_cpu_ms_per_request', 2)} ms/req{by_process(row)}"
     )
+
+
+def by_process(row: dict[str, Any]) -> str:
+    """A several-process front's CPU split, ms per request offered."""
+    if len(row["cpu_s"]) < 2 or not row["offered"]:
+        return ""
+    split = " ".join(f"{n}={1e3 * c / row['offered']:.1f}" for n, c in row["cpu_s"].items())
+    return f" [{split}]"
