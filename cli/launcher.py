@@ -41,7 +41,13 @@ from common.basics.redis_embed import EmbeddedRedis, free_port
 from common.config.identity import GLOBAL, Identity, local, regional
 from common.config.pki import FleetCA
 from common.config.tls import GpuCredentials, TierTls, fleet_hosts, fleet_identities, tier_tls
-from common.config.topology import Topology, topology_from_mapping
+from common.config.topology import (
+    GlobalConfig,
+    RegionConfig,
+    Topology,
+    ZoneConfig,
+    topology_from_mapping,
+)
 from common.operations.redis_acl import user_name
 from common.tenancy.auth import new_key
 from sim.openai_server import gpu_probe
@@ -201,16 +207,27 @@ class Fleet:
 
     def endpoint_of(self, name: str) -> str:
         """The gRPC address of a launched tier process (``global``, ``regional-eu-west`` ...)."""
+        return self._entry_of(name).endpoint.address
+
+    def openai_url_of(self, name: str) -> str | None:
+        """The OpenAI HTTP base URL (``http://HOST:PORT/v1``, port 0 resolved) of launched
+        tier ``name`` (``global``, ``regional-<region>``, ``local-<zone>``); None when its
+        entry has no ``openai_listen``. The same address is in ``config_path``'s file."""
+        openai = self._entry_of(name).openai
+        return None if openai is None else f"http://{openai.endpoint.address}/v1"
+
+    def _entry_of(self, name: str) -> GlobalConfig | RegionConfig | ZoneConfig:
+        """The topology entry of launched tier process ``name`` (KeyError: none)."""
         topo = self.topology
         if name == "global":
-            return topo.global_tier.endpoint.address
+            return topo.global_tier
         kind, _, where = name.partition("-")
         for region in topo.regions:
             if kind == "regional" and where == region.name:
-                return region.endpoint.address
+                return region
             for zone in region.zones:
                 if kind == "local" and where == zone.name:
-                    return zone.endpoint.address
+                    return zone
         raise KeyError(name)
 
     def identity_of(self, name: str) -> Identity | None:
@@ -255,8 +272,8 @@ class Fleet:
 
     @property
     def openai_url(self) -> str | None:
-        openai = self.topology.global_tier.openai
-        return None if openai is None else f"http://{openai.endpoint.address}/v1"
+        """The global tier's OpenAI HTTP base URL (``openai_url_of("global")``)."""
+        return self.openai_url_of("global")
 
     def start(self, timeout_s: float = 60.0) -> None:
         """Start bottom-up, a layer at a time, so each tier's first health probe

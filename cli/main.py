@@ -104,8 +104,9 @@ def _run_tier(args: argparse.Namespace) -> None:
             from regional_lb.server import build_regional_tier
 
             tier = build_regional_tier(
-                topology, args.region, reload_from=source, publish=place.index == 0
-            )
+                topology, args.region, reload_from=source, publish=place.index == 0,
+                replicas=place.count,
+            )  # fmt: skip
         else:
             from local_lb.server import build_local_tier
 
@@ -115,6 +116,7 @@ def _run_tier(args: argparse.Namespace) -> None:
                 args.zone,
                 policy=args.policy,
                 reload_from=source,
+                replicas=place.count,
             )
         if tier.admin is not None:  # its changes would reach one worker: refused
             tier.admin.workers = place.count
@@ -187,11 +189,7 @@ def _run_up(args: argparse.Namespace) -> None:
         if fleet.acl is not None:
             where = fleet.acl.directory
             print(f"redis acl  a user per role, passwords in {where} (anyone may read, not write)")
-        for region in topo.regions:
-            print(f"region     {region.name:<14} regional tier {region.endpoint}")
-            for zone in region.zones:
-                gpus = ", ".join(f"{g.name.rsplit('-', 1)[-1]}:{g.hardware}" for g in zone.gpus)
-                print(f"  zone     {zone.name:<14} local tier {zone.endpoint}  gpus {gpus}")
+        _print_inner_tiers(topo)
         print(f"policy     {args.policy} (every local tier)")
         if topo.tls is not None:
             print(f"mtls       between tiers, one identity each; certificates {topo.tls.certs}")
@@ -222,6 +220,17 @@ def _run_up(args: argparse.Namespace) -> None:
     finally:
         print("stopping fleet", flush=True)
         fleet.stop()
+
+
+def _print_inner_tiers(topo: Topology) -> None:
+    """Each region's and zone's tier as ``meridian up`` started it (and its OpenAI edge)."""
+    for region in topo.regions:
+        openai = f"  openai http://{region.openai.endpoint}/v1" if region.openai else ""
+        print(f"region     {region.name:<14} regional tier {region.endpoint}{openai}")
+        for zone in region.zones:
+            gpus = ", ".join(f"{g.name.rsplit('-', 1)[-1]}:{g.hardware}" for g in zone.gpus)
+            openai = f"  openai http://{zone.openai.endpoint}/v1" if zone.openai else ""
+            print(f"  zone     {zone.name:<14} local tier {zone.endpoint}  gpus {gpus}{openai}")
 
 
 def _run_loadgen(args: argparse.Namespace) -> int:

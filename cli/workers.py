@@ -6,9 +6,9 @@ loop, children, channels, picker state and Redis clients. ``worker_topology`` re
 the topology as worker ``index`` sees it:
 
 * **the tier's data-plane ports are shared** (SO_REUSEPORT: the kernel spreads new
-  connections over the workers): the V2 gRPC port, the global tier's OpenAI HTTP and
-  the local tier's ext_proc port. They must be fixed ports (0 would give each worker a
-  port of its own): a ConfigError naming the key otherwise.
+  connections over the workers): the V2 gRPC port, the tier's OpenAI HTTP (any tier's
+  ``openai_listen``) and the local tier's ext_proc port. They must be fixed ports (0
+  would give each worker a port of its own): a ConfigError naming the key otherwise.
 * **ops HTTP is per worker**: worker ``i`` serves its ops on the configured port + ``i``
   (port 0: each picks a free one), so each scrape of ``/metrics`` is one process's
   counters, whole; a shared port would hand each scrape to a random worker and the
@@ -28,7 +28,8 @@ the topology as worker ``index`` sees it:
   aggregate (the global tier takes the newest of a region's replicas, never a sum),
   N times the Redis traffic for nothing.
 * **the edge's tenant quotas and concurrency caps are already shared through Redis**;
-  with Redis down each global worker falls back to its 1/N share.
+  with Redis down each global worker (or worker of an inner tier's OpenAI edge) falls
+  back to its 1/N share.
 
 Not shared: the Admin API. It is served on the shared gRPC port, so a drain, weight or
 reload would reach the one worker the connection landed on: each worker refuses those it
@@ -47,6 +48,7 @@ from dataclasses import dataclass
 
 from common.config.gpu import split_slots
 from common.config.node import ConfigError, Endpoint
+from common.config.openai_edge import OpenAIEdgeConfig
 from common.config.topology import Topology, ZoneConfig
 
 
@@ -77,6 +79,12 @@ def _shared(endpoint: Endpoint, key: str) -> Endpoint:
     return dataclasses.replace(endpoint, reuse_port=True)
 
 
+def _shared_openai(openai: OpenAIEdgeConfig | None, key: str) -> OpenAIEdgeConfig | None:
+    if openai is None:
+        return None
+    return dataclasses.replace(openai, endpoint=_shared(openai.endpoint, key))
+
+
 def _own_ops(ops: Endpoint | None, place: WorkerPlace) -> Endpoint | None:
     if ops is None or ops.port == 0:
         return ops
@@ -92,23 +100,21 @@ def worker_topology(
         return topology
     if command == "global":
         g = topology.global_tier
-        openai = g.openai
-        if openai is not None:
-            openai = dataclasses.replace(
-                openai, endpoint=_shared(openai.endpoint, "global.openai.listen")
-            )
         tier = dataclasses.replace(
             g,
             endpoint=_shared(g.endpoint, "global.listen"),
             ops=_own_ops(g.ops, place),
-            openai=openai,
+            openai=_shared_openai(g.openai, "global.openai.listen"),
         )
         return dataclasses.replace(topology, global_tier=tier)
     regions = []
     for i, r in enumerate(topology.regions):
         if r.name == region and command == "regional":
             r = dataclasses.replace(
-                r, endpoint=_shared(r.endpoint, f"regions[{i}].listen"), ops=_own_ops(r.ops, place)
+                r,
+                endpoint=_shared(r.endpoint, f"regions[{i}].listen"),
+                ops=_own_ops(r.ops, place),
+                openai=_shared_openai(r.openai, f"regions[{i}].openai_listen"),
             )
         elif r.name == region:
             zones = tuple(
@@ -136,6 +142,7 @@ def _local_worker(z: ZoneConfig, place: WorkerPlace, key: str) -> ZoneConfig:
         ops=_own_ops(z.ops, place),
         ext_proc=ext_proc,
         gpus=gpus,
+        openai=_shared_openai(z.openai, f"{key}.openai_listen"),
     )
 
 
@@ -153,10 +160,13 @@ def worker_addresses(
         shared = [g.endpoint, *([g.openai.endpoint] if g.openai else [])]
         base = topology.global_tier.ops
     elif command == "regional":
-        shared, base = [first.region(region).endpoint], topology.region(region).ops
+        r = first.region(region)
+        shared = [r.endpoint, *([r.openai.endpoint] if r.openai else [])]
+        base = topology.region(region).ops
     else:
         z = first.zone(region, zone)
         shared = [z.endpoint, *([z.ext_proc.listen] if z.ext_proc else [])]
+        shared += [z.openai.endpoint] if z.openai else []
         base = topology.zone(region, zone).ops
         for index in range(1, count):  # every worker's slot split is valid
             worker_topology(topology, command, WorkerPlace(index, count), region, zone)

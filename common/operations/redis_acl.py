@@ -6,9 +6,11 @@ A process authenticates as the user of its place in the fleet (the names follow
 ====================================  ===============================================  ==========
 user                                  keys (commands)                                  writes
 ====================================  ===============================================  ==========
-``meridian/local/<R>/<Z>``            its zone's summary stream (XADD)                 that stream
+``meridian/local/<R>/<Z>``            its zone's summary stream (XADD); with an        that stream
+                                      OpenAI edge, also the global's (quota, lease,    (and as the
+                                      usage keys and their scripts)                    global)
 ``meridian/regional/<R>``             R's zone streams (XREAD, XREVRANGE); R's region  R's streams
-                                      stream (XADD)
+                                      stream (XADD); with an OpenAI edge, as above
 ``meridian/global``                   region streams (XREAD, XREVRANGE); quota and     quotas,
                                       lease keys and the usage stream, its meta hash   leases,
                                       and batch markers (the quota and usage scripts)  usage
@@ -134,17 +136,26 @@ def glob_escape(text: str) -> str:
     return _GLOB_SPECIAL.sub(r"\\\1", text)
 
 
-def local_user(region: str, zone: str) -> RedisUser:
-    """A local tier appends its zone's summaries; it reads nothing."""
+def local_user(region: str, zone: str, *, openai: bool = False) -> RedisUser:
+    """A local tier appends its zone's summaries; it reads nothing. With an OpenAI edge
+    (``openai``) it also runs the edge's quota and usage scripts (``tenant_grants``)."""
     own = Grant((glob_escape(zone_stream(region, zone)),), ("xadd",))
-    return RedisUser(user_name(local(region, zone)), (own,))
+    return _with_edge(RedisUser(user_name(local(region, zone)), (own,)), openai)
 
 
-def regional_user(region: str) -> RedisUser:
-    """A regional tier follows its zones' streams and appends its region's summaries."""
+def regional_user(region: str, *, openai: bool = False) -> RedisUser:
+    """A regional tier follows its zones' streams and appends its region's summaries;
+    with an OpenAI edge (``openai``) it also runs the edge's quota and usage scripts."""
     zones = Grant((glob_escape(zone_stream(region, "")) + "*",), _STREAM_READ)
     own = Grant((glob_escape(region_stream(region)),), ("xadd",))
-    return RedisUser(user_name(regional(region)), (zones, own))
+    return _with_edge(RedisUser(user_name(regional(region)), (zones, own)), openai)
+
+
+def _with_edge(user: RedisUser, openai: bool) -> RedisUser:
+    """``user`` with the edge's tenant grants too, when its tier serves clients OpenAI HTTP."""
+    if not openai:
+        return user
+    return RedisUser(user.name, (*user.grants, *tenant_grants()), (*user.keyless, *_SCRIPT_LOADING))
 
 
 def usage_keys(stream: str = USAGE_STREAM) -> tuple[str, str, str]:
@@ -162,15 +173,20 @@ def edge_user() -> RedisUser:
     started on its keys, and each command it calls is held to its own key: the usage
     stream takes XADD only (no SET, DEL or XTRIM of the bills), the region streams
     are read only."""
+    grants = (Grant((glob_escape(region_stream("")) + "*",), _STREAM_READ), *tenant_grants())
+    return RedisUser(user_name(GLOBAL), grants, (*_CONNECTION, *_SCRIPT_LOADING))
+
+
+def tenant_grants() -> tuple[Grant, ...]:
+    """What an edge (the global tier, an inner tier's OpenAI edge) runs on the tenants'
+    keys: the quota and lease scripts, the usage script (XADD only on the bills)."""
     quotas = (f"{QUOTA_PREFIX}:*", f"{LEASE_PREFIX}:*")
     usage = usage_keys()
-    grants = (
-        Grant((glob_escape(region_stream("")) + "*",), _STREAM_READ),
+    return (
         Grant(quotas, (*_SCRIPTS, *_QUOTA_CALLS)),
         Grant(usage, _SCRIPTS),
         *(Grant((key,), calls) for key, calls in zip(usage, _USAGE_CALLS, strict=True)),
     )
-    return RedisUser(user_name(GLOBAL), grants, (*_CONNECTION, *_SCRIPT_LOADING))
 
 
 def usage_user() -> RedisUser:
@@ -189,10 +205,10 @@ def fleet_users(topology: Topology) -> list[RedisUser]:
     users = [admin_user(), edge_user(), usage_user()]
     for i, region in enumerate(topology.regions):
         check_segment(region.name, f"regions[{i}].name")
-        users.append(regional_user(region.name))
+        users.append(regional_user(region.name, openai=region.openai is not None))
         for j, zone in enumerate(region.zones):
             check_segment(zone.name, f"regions[{i}].zones[{j}].name")
-            users.append(local_user(region.name, zone.name))
+            users.append(local_user(region.name, zone.name, openai=zone.openai is not None))
     return users
 
 

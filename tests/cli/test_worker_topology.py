@@ -74,6 +74,10 @@ def test_ops_port_0_stays_0_each_worker_picks_its_own() -> None:
         ("regional", lambda m: m["regions"][0].update(listen="127.0.0.1:0"), "regions[0].listen"),
         ("local", lambda m: m["regions"][0]["zones"][0].update(listen="127.0.0.1:0"),
          "regions[0].zones[0].listen"),
+        ("regional", lambda m: m["regions"][0].update(openai_listen="127.0.0.1:0"),
+         "regions[0].openai_listen"),
+        ("local", lambda m: m["regions"][0]["zones"][0].update(openai_listen="127.0.0.1:0"),
+         "regions[0].zones[0].openai_listen"),
     ],
 )  # fmt: skip
 def test_a_shared_port_must_be_fixed(command: str, change: Any, key: str) -> None:
@@ -89,6 +93,19 @@ def test_the_supervisor_checks_every_shared_port_and_each_workers_ops() -> None:
     assert [e.address for e in got] == [
         "127.0.0.1:7003", "127.0.0.1:7500", "127.0.0.1:7400", "127.0.0.1:7401"
     ]  # fmt: skip
+
+
+def test_an_inner_tiers_openai_edge_is_shared_and_checked_free() -> None:
+    m = mapping(openai_listen="127.0.0.1:7600")
+    m["regions"][0]["openai_listen"] = "127.0.0.1:7700"
+    t = topology_from_mapping(m)
+    z = worker_topology(t, "local", WorkerPlace(1, 2), "r", "r-1a").zone("r", "r-1a")
+    r = worker_topology(t, "regional", WorkerPlace(1, 2), "r").region("r")
+    assert z.openai is not None and z.openai.endpoint.reuse_port
+    assert r.openai is not None and r.openai.endpoint.reuse_port
+    local = [e.address for e in worker_addresses(t, "local", 2, "r", "r-1a")]
+    regional = [e.address for e in worker_addresses(t, "regional", 2, "r")]
+    assert "127.0.0.1:7600" in local and "127.0.0.1:7700" in regional
 
 
 def test_every_workers_slot_split_is_checked_before_any_starts() -> None:

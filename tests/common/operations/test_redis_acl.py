@@ -31,6 +31,7 @@ from common.operations.redis_acl import (
     local_user,
     regional_user,
     selectors_supported,
+    tenant_grants,
     usage_user,
 )
 from common.tenancy.concurrency import TenantConcurrency
@@ -49,12 +50,13 @@ USERS = [
     local_user("eu", "eu-1a"),
     local_user("eu", "eu-1b"),
     regional_user("us"),
-    local_user("us", "us-1a"),
+    local_user("us", "us-1a", openai=True),  # an OpenAI edge: the edge's grants too
 ]
-LOCAL_EU_1A, REGIONAL_EU, EDGE = (
+LOCAL_EU_1A, REGIONAL_EU, EDGE, LOCAL_EDGE = (
     "meridian/local/eu/eu-1a",
     "meridian/regional/eu",
     "meridian/global",
+    "meridian/local/us/us-1a",
 )
 QUOTA_KEY = "meridian:quota:{t}:rps"
 LEASES_KEY = "meridian:concurrency:{t}:leases"
@@ -138,6 +140,10 @@ FORBIDDEN = [
     (LOCAL_EU_1A, xadd(USAGE_STREAM), KEYS),
     (LOCAL_EU_1A, ("DEL", zone_stream("eu", "eu-1a")), command("del")),
     (LOCAL_EU_1A, ("XREAD", "STREAMS", zone_stream("eu", "eu-1a"), "0"), command("xread")),
+    # A local tier with an OpenAI edge: the edge's keys besides its own, nothing else.
+    (LOCAL_EDGE, xadd(zone_stream("eu", "eu-1a")), KEYS),
+    (LOCAL_EDGE, xadd(region_stream("us")), KEYS),
+    (LOCAL_EDGE, ("SET", "meridian:anything", "1"), KEYS),
     # A regional tier: its region's keys only.
     (REGIONAL_EU, xadd(region_stream("us")), KEYS),
     (REGIONAL_EU, xadd(zone_stream("us", "us-1a")), KEYS),
@@ -271,15 +277,16 @@ async def test_summaries_flow_up_each_tier_as_its_own_user(acl: AclRedis) -> Non
             await part.stop()
 
 
+@pytest.mark.parametrize("edge", [EDGE, LOCAL_EDGE])
 async def test_the_edge_runs_its_quota_and_usage_scripts_and_usage_reads_them(
-    acl: AclRedis,
+    acl: AclRedis, edge: str
 ) -> None:
     tenant = TenantConfig(
         id="t", key_hashes=frozenset(), requests_per_s=5, tokens_per_min=1000, max_concurrent=2
     )
-    limiter = TenantRateLimiter(acl.url(EDGE), redis_timeout_s=1.0)
-    leases = TenantConcurrency(acl.url(EDGE), redis_timeout_s=1.0)
-    recorder = UsageRecorder(acl.url(EDGE))
+    limiter = TenantRateLimiter(acl.url(edge), redis_timeout_s=1.0)
+    leases = TenantConcurrency(acl.url(edge), redis_timeout_s=1.0)
+    recorder = UsageRecorder(acl.url(edge))
     recorder.start()
     try:
         await limiter.admit(tenant, 10)
@@ -307,6 +314,15 @@ def test_a_fleet_has_an_admin_an_edge_a_reader_and_a_user_per_tier() -> None:
     assert [u.name for u in fleet_users(topology)] == [
         ADMIN, EDGE, USAGE, REGIONAL_EU, LOCAL_EU_1A,
     ]  # fmt: skip
+
+
+def test_only_a_tier_with_an_openai_edge_gets_the_edges_grants() -> None:
+    raw = one_zone_mapping("redis://127.0.0.1:6379/0", region="eu", zone="eu-1a")
+    plain = {u.name: u for u in fleet_users(topology_from_mapping(raw))}
+    raw["regions"][0]["zones"][0]["openai_listen"] = "127.0.0.1:0"
+    users = {u.name: u for u in fleet_users(topology_from_mapping(raw))}
+    assert users[LOCAL_EU_1A].grants == (*plain[LOCAL_EU_1A].grants, *tenant_grants())
+    assert users[REGIONAL_EU] == plain[REGIONAL_EU]
 
 
 def test_a_region_name_that_cannot_name_a_user_is_refused_with_its_key() -> None:
