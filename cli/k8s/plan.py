@@ -22,6 +22,7 @@ from cli.k8s.options import RenderOptions
 from common.config.gpu import GpuConfig
 from common.config.identity import GLOBAL, Identity, check_fleet_names, gpu_servers, local, regional
 from common.config.node import ConfigError, Endpoint
+from common.config.openai_edge import OpenAIEdgeConfig
 from common.config.topology import Topology, ZoneConfig, topology_from_mapping
 
 LOOPBACK = "127.0.0.1"
@@ -89,6 +90,11 @@ def _port(endpoint: Endpoint | None, default: int) -> int:
     return default if endpoint is None or endpoint.port == 0 else endpoint.port
 
 
+def _openai_port(openai: OpenAIEdgeConfig | None) -> int | None:
+    """The port of a tier's OpenAI HTTP (``openai_listen``; port 0: the convention's)."""
+    return None if openai is None else _port(openai.endpoint, conv.OPENAI_PORT)
+
+
 def _gpu_entries(raw: dict[str, Any]) -> Iterator[tuple[str, dict[str, Any]]]:
     """(key path, entry) of every GPU entry that is a mapping (the loader judges the rest)."""
     for i, region in enumerate(raw.get("regions") or []):
@@ -132,9 +138,7 @@ def build_plan(raw: dict[str, Any], options: RenderOptions) -> Plan:
             identity=GLOBAL,
             grpc_port=_port(glob.endpoint, conv.GRPC_PORT),
             ops_port=_port(glob.ops, conv.OPS_PORT),
-            openai_port=None
-            if glob.openai is None
-            else _port(glob.openai.endpoint, conv.OPENAI_PORT),
+            openai_port=_openai_port(glob.openai),
             identities=(GLOBAL,),
         )
     )
@@ -152,6 +156,7 @@ def build_plan(raw: dict[str, Any], options: RenderOptions) -> Plan:
                 grpc_port=_port(region.endpoint, conv.GRPC_PORT),
                 ops_port=_port(region.ops, conv.OPS_PORT),
                 region=region.name,
+                openai_port=_openai_port(region.openai),
                 zones=zones,
                 identities=(regional(region.name),),
             )
@@ -198,6 +203,7 @@ def _zone(
         ops_port=_port(zone.ops, conv.OPS_PORT),
         region=region,
         zone=zone.name,
+        openai_port=_openai_port(zone.openai),
         ext_proc_port=None
         if zone.ext_proc is None
         else _port(zone.ext_proc.listen, conv.EXT_PROC_PORT),

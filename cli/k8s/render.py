@@ -131,7 +131,9 @@ def render(
         files[name] = tier_manifests(
             instance,
             options,
-            with_auth=with_auth and instance.kind == "global",
+            # The tenants' keys go to every tier that authenticates clients: the global,
+            # and an inner tier with an OpenAI edge (common.tier.client_entry).
+            with_auth=with_auth and (instance.kind == "global" or instance.openai_port is not None),
             tls=serves_tls(instance, options, client_facing),
             config_digest=digest,
         )

@@ -89,7 +89,7 @@ def _validate_all(docs: list[dict[str, Any]]) -> int:
 
 @pytest.mark.parametrize(
     "variant",
-    ["committed", "plaintext", "real-gpus", "load-balancer"],
+    ["committed", "plaintext", "real-gpus", "load-balancer", "inner-openai"],
 )
 def test_every_manifest_is_valid_kubernetes(variant: str) -> None:
     """Strict (unknown fields refused) against the bundled 1.31 schemas, every document."""
@@ -99,6 +99,11 @@ def test_every_manifest_is_valid_kubernetes(variant: str) -> None:
         docs = all_documents(render_demo(RenderOptions(emulated_gpus=True, tls="none")))
     elif variant == "real-gpus":
         docs = all_documents(render(real_gpu_raw(), RenderOptions(), config="x.yaml"))
+    elif variant == "inner-openai":  # a region's and a zone's tier serve OpenAI HTTP too
+        raw = demo_raw()
+        raw["regions"][0]["openai_listen"] = "127.0.0.1:0"
+        raw["regions"][0]["zones"][0]["openai_listen"] = "127.0.0.1:0"
+        docs = all_documents(render(raw, RenderOptions(emulated_gpus=True), config="x.yaml"))
     else:
         options = RenderOptions(
             emulated_gpus=True, global_service_type="LoadBalancer", namespace="prod-inference"

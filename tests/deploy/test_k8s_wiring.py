@@ -201,6 +201,29 @@ def test_only_the_global_tier_mounts_the_key_digests() -> None:
         assert mounts_auth == (name == "meridian-global") == ("--auth-file" in args), name
 
 
+def test_an_inner_tier_with_an_openai_edge_exposes_it_and_mounts_the_key_digests() -> None:
+    raw = demo_raw()
+    region, zone = raw["regions"][0], raw["regions"][0]["zones"][0]
+    region["openai_listen"] = "127.0.0.1:0"  # port 0: the convention's, 8000
+    zone["openai_listen"] = "127.0.0.1:9100"
+    rendered = render(raw, RenderOptions(emulated_gpus=True), config="x")
+    topology = rendered.topology
+    assert topology["regions"][0]["openai_listen"] == "0.0.0.0:8000"
+    assert topology["regions"][0]["zones"][0]["openai_listen"] == "0.0.0.0:9100"
+    assert "openai_listen" not in topology["regions"][0]["zones"][1]
+    deployments, services = _by_kind(rendered, "Deployment"), _by_kind(rendered, "Service")
+    serving = {f"meridian-regional-{region['name']}": 8000, f"meridian-local-{zone['name']}": 9100}
+    for name, deployment in deployments.items():
+        pod = deployment["spec"]["template"]["spec"]
+        port = serving.get(name, 8000 if name == "meridian-global" else None)
+        assert (port is not None) == _pod_port(deployment, port or 8000, {"openai"}), name
+        ports = {p["name"]: p["port"] for p in services[name]["spec"]["ports"]}
+        assert ports.get("openai") == port, name
+        # Every tier that authenticates clients has the tenants' key digests.
+        mounts_auth = any(v["name"] == "auth" for v in pod["volumes"])
+        assert mounts_auth == (port is not None) == ("--auth-file" in pod["containers"][0]["args"])
+
+
 def test_replicas_budgets_and_autoscalers() -> None:
     rendered = render_demo()
     deployments = _by_kind(rendered, "Deployment")
