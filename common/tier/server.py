@@ -79,7 +79,9 @@ class TierServer:
     It builds the parts every tier has alike, in the order they need each other:
     metrics (whose retry counter the forwarding loop's budget carries), the
     tracing, the forwarding loop, the proxy, the gRPC server with the call
-    interceptor (tracing, metrics, usage), the ops HTTP and the Admin API.
+    interceptor (tracing, metrics, usage), the OpenAI HTTP edge (``openai``: into the
+    same proxy at the edge tier; at an inner tier through its clients' own entry,
+    ``common.tier.client_entry``), the ops HTTP and the Admin API.
     """
 
     spec: TierSpec
