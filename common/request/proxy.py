@@ -250,6 +250,7 @@ class InferenceProxy(pb_grpc.GRPCInferenceServiceServicer):
             pick=lambda gen: self.pick_request(gen.model, gen.version, hints, gen),
             admit=admit,
             forward=forward,
+            hop=lambda child: self.forwarder.route_of(child, ()),
         )
 
     # ------------------------------------------------------------------ shared mechanics

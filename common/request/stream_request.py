@@ -95,6 +95,8 @@ class StreamRequestAttempt:
 
     # Served by ModelInfer, in one response (a child whose stream is not Triton's).
     whole: bool = False
+    # The child of the latest try: where the answer came from if that child then fails.
+    child: Child | None = None
     # The last response relayed whose counts are not read yet (``settle_count``).
     _last: pb.ModelInferResponse | None = field(default=None, init=False, repr=False)
 
@@ -106,6 +108,7 @@ class StreamRequestAttempt:
         self, child: Child, metadata: Metadata, timeout: float | None
     ) -> tuple[None, Any]:
         assert child.stub is not None
+        self.child = child
         if not child.streams:
             return await self._send_unary(child, metadata, timeout)
         call = child.stub.ModelStreamInfer(
@@ -201,6 +204,8 @@ class RequestPath:
     admit: Callable[[PickRequest, CallRecord], Awaitable[Release]]
     # The route the request took (the forwarding loop; its trailers set on the call).
     forward: Callable[[StreamRequestAttempt, PickRequest], Awaitable[str]]
+    # The route as far as this tier knows it through ``child`` alone (its trailers lost).
+    hop: Callable[[Child], str]
 
 
 def status_of(message: str) -> tuple[grpc.StatusCode, str]:
@@ -254,6 +259,14 @@ class StreamRequest:
     def settle(self, code: grpc.StatusCode, detail: str) -> None:
         self.record.code, self.record.detail = code, detail
 
+    def served_anyway(self, detail: str) -> None:
+        """Settle as OK a request whose answer was whole before its child failed or hung:
+        the route is what this tier knows of it, the child's trailers never came."""
+        self.settle(grpc.StatusCode.OK, detail)
+        child = self.attempt.child
+        if not self.record.route and child is not None:
+            self.record.route = self.path.hop(child)
+
     @property
     def delivered(self) -> bool:
         """Its whole answer was written to the caller (see the module docstring)."""
@@ -298,7 +311,7 @@ async def serve_request(
                 raise
             # Its child failed after the final response (trailers lost to a hung or
             # dead tier): the answer is whole and on its way, the request served.
-            one.settle(grpc.StatusCode.OK, f"answered before the child failed: {err.message}")
+            one.served_anyway(f"answered before the child failed: {err.message}")
         await flush()
         if one.box.lost:
             one.settle(ending_code(), "the stream ended before the answer was written")
@@ -307,7 +320,7 @@ async def serve_request(
         await refused(one.request, err)
     except asyncio.CancelledError:
         if one.delivered:
-            one.settle(grpc.StatusCode.OK, "")
+            one.served_anyway("")
         else:
             one.settle(ending_code(), "the stream ended before the request did")
         raise

@@ -130,6 +130,7 @@ async def test_an_answer_whose_region_hangs_before_its_status_is_billed_ok(
     assert code == grpc.StatusCode.DEADLINE_EXCEEDED
     record = await record_of(tier, redis_server, trace_id)
     assert (record.status, record.tenant, record.completion_tokens) == ("OK", "acme", 2)
+    assert record.region == "us-east"  # the route as far as the edge knows it
 
 
 async def test_an_answer_whose_region_fails_after_it_is_billed_ok_and_not_followed_by_an_error(
@@ -141,6 +142,7 @@ async def test_an_answer_whose_region_fails_after_it_is_billed_ok_and_not_follow
     assert (read, code) == (["token", "FINAL"], grpc.StatusCode.OK)
     record = await record_of(tier, redis_server, trace_id)
     assert (record.status, record.completion_tokens) == ("OK", 2)
+    assert record.region == "us-east"
 
 
 async def test_a_partial_answer_cut_by_its_region_stays_a_failure(
