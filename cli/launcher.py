@@ -214,7 +214,7 @@ class Fleet:
         tier ``name`` (``global``, ``regional-<region>``, ``local-<zone>``); None when its
         entry has no ``openai_listen``. The same address is in ``config_path``'s file."""
         openai = self._entry_of(name).openai
-        return None if openai is None else f"http://{openai.endpoint.address}/v1"
+        return None if openai is None else openai.base_url
 
     def _entry_of(self, name: str) -> GlobalConfig | RegionConfig | ZoneConfig:
         """The topology entry of launched tier process ``name`` (KeyError: none)."""

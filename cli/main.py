@@ -199,7 +199,7 @@ def _run_up(args: argparse.Namespace) -> None:
             print(f"admin key {fleet.admin_key}")
         print(f"global     listening {fleet.global_address}  (KServe V2 gRPC, model demo-llm)")
         if topo.global_tier.openai is not None:
-            url = f"http://{topo.global_tier.openai.endpoint}/v1"
+            url = topo.global_tier.openai.base_url
             print(f"openai     {url}  (OpenAI-compatible HTTP: completions, chat, models)")
         if fleet.operator_key is not None:
             print(f"operator key {fleet.operator_key}  (the ops HTTP's /api/*: Bearer)")
@@ -225,11 +225,11 @@ def _run_up(args: argparse.Namespace) -> None:
 def _print_inner_tiers(topo: Topology) -> None:
     """Each region's and zone's tier as ``meridian up`` started it (and its OpenAI edge)."""
     for region in topo.regions:
-        openai = f"  openai http://{region.openai.endpoint}/v1" if region.openai else ""
+        openai = f"  openai {region.openai.base_url}" if region.openai else ""
         print(f"region     {region.name:<14} regional tier {region.endpoint}{openai}")
         for zone in region.zones:
             gpus = ", ".join(f"{g.name.rsplit('-', 1)[-1]}:{g.hardware}" for g in zone.gpus)
-            openai = f"  openai http://{zone.openai.endpoint}/v1" if zone.openai else ""
+            openai = f"  openai {zone.openai.base_url}" if zone.openai else ""
             print(f"  zone     {zone.name:<14} local tier {zone.endpoint}  gpus {gpus}{openai}")
 
 

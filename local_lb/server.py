@@ -38,7 +38,6 @@ from local_lb.publication import LateBoundCallback
 from local_lb.readiness import ReadinessRules, connection_ready
 from local_lb.state import GpuChild, LocalView
 from local_lb.zone_summary import zone_publisher
-from local_lb.zone_summary import zone_summary as zone_summary  # where callers found it
 
 
 def gpu_child(cfg: GpuConfig, credentials: grpc.ChannelCredentials | None = None) -> GpuChild:

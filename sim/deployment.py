@@ -39,7 +39,8 @@ from global_lb.server import global_policy, region_children
 from local_lb.balancer import LocalBalancer
 from local_lb.load_book import LoadSample
 from local_lb.publication import LateBoundCallback
-from local_lb.server import local_balancer, local_policy, local_view, zone_gpus, zone_summary
+from local_lb.server import local_balancer, local_policy, local_view, zone_gpus
+from local_lb.zone_summary import zone_summary
 from regional_lb.server import region_summary, regional_policy, zone_children
 from sim.gpu_model import SimGpu
 from sim.publishing import SimPublisher, every

@@ -123,9 +123,9 @@ def expected_wait_s(
     turn, an idle one included (the fleet simulator's finding: a growth proportional to
     the reported wait left a zone reported idle at zero however much was sent, and every
     request of the next half second herded to it: 0 requests a zone for seconds, then
-    500 in 100 ms). The work sent is what those requests carry, not the asking
-    request's: grown by the asker's own size, a long request saw a busy child as far
-    busier than a short one did, and the long ones went to the farthest quiet region.
+    500 in 100 ms). The work sent is what those requests carry, whoever asks: a
+    child is as busy for a long request as for a short one (grown by the asker's size,
+    long requests alone fled busy children, all to the same quiet one).
 
     Never less than the parent's own ``in_flight_work`` there drained the same way: a
     report is as old as the summaries under it, and what was sent while it was being

@@ -22,6 +22,11 @@ class OpenAIEdgeConfig:
     # A request still running after this is cancelled and answered 504.
     timeout_s: float = DEFAULT_OPENAI_TIMEOUT_S
 
+    @property
+    def base_url(self) -> str:
+        """What an OpenAI client is given as its base URL (``http://HOST:PORT/v1``)."""
+        return f"http://{self.endpoint.address}/v1"
+
 
 def parse_openai_edge(node: ConfigNode) -> OpenAIEdgeConfig | None:
     """``openai_listen`` (absent: no OpenAI HTTP) and its ``openai_timeout_s``, in the

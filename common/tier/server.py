@@ -309,15 +309,15 @@ class TierServer:
             await self.server.stop_serving()
             await asyncio.sleep(min(DRAIN_NOTICE_S, grace))
         await self.server.stop(grace)
-        self.shed_log.flush()
+        if self.openai_edge is not None:  # its calls in flight finish first
+            await self.openai_edge.stop()
+        self.shed_log.flush()  # both entries' sheds
         if self.ops_server is not None:
             await self.ops_server.stop()
         if self.publisher is not None:
             await self.publisher.stop()
         if self.reader is not None:
             await self.reader.stop()
-        if self.openai_edge is not None:  # its calls in flight finish first
-            await self.openai_edge.stop()
         for service in reversed(self.services):
             await service.stop()
         if self.openai is not None and self.openai.gate is not None:

@@ -8,8 +8,8 @@ import asyncio
 from common.capacity.summary import combine_replicas
 from common.gen.meridian.v1 import capacity_pb2
 from local_lb.queue import CentralQueue
-from local_lb.server import zone_summary
 from local_lb.state import GpuChild, LocalView
+from local_lb.zone_summary import zone_summary
 from tests.local_lb.parts import M, gpus
 
 OTHER = "other"

@@ -6,8 +6,8 @@ import asyncio
 
 from local_lb.load_book import LoadSample
 from local_lb.queue import CentralQueue
-from local_lb.server import zone_summary
 from local_lb.state import LocalView
+from local_lb.zone_summary import zone_summary
 from tests.local_lb.parts import M, gpus
 
 OTHER = "other"

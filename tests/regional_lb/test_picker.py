@@ -84,6 +84,32 @@ def test_requests_sent_since_the_report_grow_a_zones_wait() -> None:
     assert names(picker().rank(request(ZONE_A), zs, NOW)) == ["1a", "1b"]
 
 
+def test_work_sent_since_the_report_grows_a_zones_wait_whoever_asks() -> None:
+    """With capacities reported, a zone's wait grows by the work this tier sent it since
+    its report over that capacity, the same for a short request and a long one: a long
+    asker does not see the nearer zone as busier than a short one does."""
+    zs = zones()[:2]
+    for z in zs:
+        with_summary(
+            z,
+            4,
+            NOW,
+            total_slots=64,
+            free_slots=54,
+            estimated_wait_s=0.001,
+            token_throughput_capacity=8_000.0,
+        )
+    short, long = request(ZONE_A, tokens=10), request(ZONE_A, tokens=40_000)
+    # Six tiny requests sent since: 0.08 ms more, less than 1b is farther.
+    zs[0].outstanding_requests, zs[0].outstanding_work = 6, 6 * 0.1
+    assert names(picker().rank(short, zs, NOW)) == ["1a", "1b"]
+    assert names(picker().rank(long, zs, NOW)) == ["1a", "1b"]
+    # Six of 40 work each: 30 ms more, for every asker.
+    zs[0].outstanding_work = 6 * 40.0
+    assert names(picker().rank(short, zs, NOW)) == ["1b", "1a"]
+    assert names(picker().rank(long, zs, NOW)) == ["1b", "1a"]
+
+
 def test_no_headroom_anywhere_keeps_proximity_order() -> None:
     zs = zones()
     for z in zs:
