@@ -16,7 +16,7 @@ from typing import Any
 
 from bench.field_routers.fronts import ALL_FRONTS, ROUTERS_VENV, RUST, Stage, load_average
 from bench.field_routers.report import aggregate, finite, markdown
-from bench.field_routers.run import Plan, run_rounds
+from bench.field_routers.run import Plan, idle_cores, run_rounds
 from bench.field_routers.workload import Shape, capacity_rps, mean_new_tokens, schedule
 from bench.report import machine, revision
 from common.config.gpu import HARDWARE_SPEED
@@ -45,6 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--timeout", type=float, default=60.0, help="per request, seconds")
     p.add_argument("--seed", type=int, default=32)
+    p.add_argument("--idle", type=float, default=10.0, help="seconds of idle CPU sampling")
     p.add_argument(
         "--api",
         choices=("completions", "chat"),
@@ -104,7 +105,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             stage.start()
             for name, why in stage.missing.items():
                 print(f"{name}: {why}", file=sys.stderr, flush=True)
-            rows = run_rounds(stage, plan)
+            idle = idle_cores(stage, [f for f in fronts if f in stage.available], args.idle)
+            print(f"idle cores: {json.dumps(idle)}", flush=True)
+            rows = run_rounds(stage, plan, idle)
         finally:
             stage.stop()
     result = {
@@ -117,6 +120,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "workloads": plan.workloads,
         "fronts": fronts,
         "missing": stage.missing,
+        "idle_cores": idle,
         "rust": list(RUST),
         "summary": aggregate(rows, fronts),
         "windows": rows,

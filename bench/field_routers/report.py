@@ -57,15 +57,16 @@ def table(workload: str, agg: dict[str, Any]) -> list[str]:
     lines = [
         f"### {workload}",
         "",
-        "| front | CPU ms/req | CPU µs/token | TTFT P50 / P99 ms | TPOT P50 / P99 ms "
+        "| front | CPU ms/req | net of idle | CPU µs/token | TTFT P50 / P99 ms | TPOT P50 / P99 ms "
         "| e2e P50 / P99 ms | errors | prefix hit | GPUs' CPU ms/req |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for front, m in agg["fronts"].items():
         errors = ", ".join(f"{k} {v}" for k, v in m["errors"].items()) or "0"
         lines.append(
             f"| {front} "
             f"| {_num(m['cpu_ms_per_request'], 2)}{_ratio(vs['cpu_ms_per_request'].get(front))} "
+            f"| {_num(m.get('net_cpu_ms_per_request'), 2)} "
             f"| {_num(m['cpu_us_per_token'])}{_ratio(vs['cpu_us_per_token'].get(front))} "
             f"| {_num(m['ttft_p50_ms'])} / {_num(m['ttft_p99_ms'])}"
             f"{_ratio(vs['ttft_p99_ms'].get(front))} "
@@ -118,6 +119,14 @@ def markdown(result: dict[str, Any]) -> str:
             "on `/v1/chat/completions` SMG and sglang-router forward `max_tokens` as "
             "`max_completion_tokens`, which the emulated GPU does not read (it then answers "
             "its default length).",
+            "",
+        ]
+    idle = result.get("idle_cores") or {}
+    if idle:
+        shares = ", ".join(f"{f} {100 * c:.2f} %" for f, c in idle.items())
+        lines += [
+            "Idle, with no traffic, each front's processes use (of a core): "
+            f"{shares}; 'net of idle' takes that out of the CPU per request.",
             "",
         ]
     for name, why in result["missing"].items():

@@ -94,7 +94,27 @@ def warm(stage: Stage, fronts: list[str], plan: Plan) -> None:
         print(f"warm-up {front}: {len(outcomes) - len(bad)} ok, errors {bad[:3]}", flush=True)
 
 
-def run_rounds(stage: Stage, plan: Plan) -> list[dict[str, Any]]:
+def idle_cores(stage: Stage, fronts: list[str], seconds: float) -> dict[str, float]:
+    """Cores each front's processes use with no traffic at all (health probes, metric
+    scrapes, capacity summaries), measured together over ``seconds``."""
+    pids = {f: stage.pids(f) for f in fronts}
+    before = {f: sum(process_tree_cpu(p) for p in ps.values()) for f, ps in pids.items()}
+    started = time.perf_counter()
+    time.sleep(seconds)
+    wall = time.perf_counter() - started
+    return {
+        f: (sum(process_tree_cpu(p) for p in ps.values()) - before[f]) / wall
+        for f, ps in pids.items()
+    }
+
+
+def net_of_idle(row: dict[str, Any], idle: dict[str, float]) -> None:
+    """Adds the window's CPU per request less what the front burns idle over as long."""
+    cpu = sum(row["cpu_s"].values()) - idle.get(row["front"], 0.0) * row["wall_s"]
+    row["net_cpu_ms_per_request"] = 1e3 * cpu / row["offered"] if row["offered"] else None
+
+
+def run_rounds(stage: Stage, plan: Plan, idle: dict[str, float]) -> list[dict[str, Any]]:
     """Every window's summary row, in the order run."""
     fronts = [f for f in stage.fronts if f in stage.available]
     warm(stage, fronts, plan)
@@ -106,6 +126,7 @@ def run_rounds(stage: Stage, plan: Plan) -> list[dict[str, Any]]:
             for i, front in enumerate(rotated(fronts, rnd)):
                 salt = f"r{rnd}{workload[0]}{i}x"
                 row = summary(window(stage, front, workload, rnd, turns, salt, plan))
+                net_of_idle(row, idle)
                 rows.append(row)
                 print(line(row), flush=True)
     return rows

@@ -125,6 +125,7 @@ def summary(window: Window) -> dict[str, Any]:
 
 FIGURES = (
     "cpu_ms_per_request",
+    "net_cpu_ms_per_request",
     "cpu_us_per_token",
     "cores",
     "gpu_cpu_ms_per_request",
@@ -156,7 +157,7 @@ def medians(rows: list[dict[str, Any]]) -> dict[str, Any]:
     errors: Counter[str] = Counter()
     for row in rows:
         errors.update(row["errors"])
-    out: dict[str, Any] = {f: median_of(r[f] for r in rows) for f in FIGURES}
+    out: dict[str, Any] = {f: median_of(r.get(f) for r in rows) for f in FIGURES}
     out.update(
         rounds=len(rows),
         offered=sum(r["offered"] for r in rows),

@@ -10,7 +10,7 @@ import pytest
 
 from bench.field_routers.__main__ import main
 from bench.field_routers.client import body
-from bench.field_routers.run import rotated
+from bench.field_routers.run import net_of_idle, rotated
 from bench.field_routers.stats import (
     INF,
     Outcome,
@@ -75,6 +75,12 @@ def test_window_cpu_is_every_process_of_the_front_per_request_offered() -> None:
     assert row["cpu_ms_per_request"] == pytest.approx(50.0)  # 0.5 s over 10 offered
     assert row["cpu_us_per_token"] == pytest.approx(0.5e6 / 450)  # over tokens delivered
     assert row["gpu_cpu_ms_per_request"] == pytest.approx(30.0)
+
+
+def test_net_of_idle_takes_out_what_the_front_burns_with_no_traffic() -> None:
+    row = {"front": "m", "cpu_s": {"a": 0.3, "b": 0.2}, "wall_s": 10.0, "offered": 50}
+    net_of_idle(row, {"m": 0.02})  # 2 % of a core: 0.2 s over the 10 s window
+    assert row["net_cpu_ms_per_request"] == pytest.approx(6.0)
 
 
 def test_time_per_output_token_is_after_the_first() -> None:
@@ -155,10 +161,11 @@ def test_capacity_follows_the_engine_cost_model() -> None:
 def test_a_short_run_of_the_whole_chain() -> None:
     """A few seconds of front (a) alone: every request answered, its CPU counted."""
     argv = "--fronts meridian --workloads stream --gpus 2 --time-scale 2 --seconds 2"
-    result = main([*argv.split(), "--rounds", "1", "--load", "0.2", "--no-write"])
+    result = main([*argv.split(), "--rounds", "1", "--load", "0.2", "--idle", "1", "--no-write"])
     (row,) = result["windows"]
     assert row["front"] == "meridian" and row["offered"] > 0
     assert row["ok"] == row["offered"], row["errors"]
     assert set(row["cpu_s"]) == {"global", "regional-us-east", "local-us-east-1a", "redis"}
     assert 0 < row["cpu_ms_per_request"] < math.inf
     assert row["tpot_p50_ms"] is not None
+    assert row["net_cpu_ms_per_request"] < row["cpu_ms_per_request"]
