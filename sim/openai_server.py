@@ -76,13 +76,16 @@ def parse_completion(doc: Any, chat: bool) -> Completion:
     if not isinstance(model, str) or not model:
         raise BadRequest(400, "'model' must be a non-empty string")
     prompt = _messages_prompt(doc.get("messages")) if chat else _prompt(doc.get("prompt"))
-    max_tokens = doc.get("max_tokens", DEFAULT_MAX_TOKENS)
+    # A chat request may name its cap max_completion_tokens (OpenAI's newer name, which
+    # vLLM reads first and SMG and sglang-router forward); a completion max_tokens.
+    field = "max_completion_tokens" if chat and "max_completion_tokens" in doc else "max_tokens"
+    max_tokens = doc.get(field, DEFAULT_MAX_TOKENS)
     if max_tokens is None:
         max_tokens = DEFAULT_MAX_TOKENS
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise BadRequest(400, "'max_tokens' must be an integer")
+        raise BadRequest(400, f"'{field}' must be an integer")
     if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
-        raise BadRequest(400, f"'max_tokens' must be between 1 and {MAX_TOKENS_LIMIT}")
+        raise BadRequest(400, f"'{field}' must be between 1 and {MAX_TOKENS_LIMIT}")
     stream = doc.get("stream", False)
     if not isinstance(stream, bool):
         raise BadRequest(400, "'stream' must be a boolean")

@@ -90,6 +90,16 @@ async def test_chat_unary_and_streamed(client: openai.AsyncOpenAI) -> None:
     assert len("".join(p or "" for p in pieces).split()) == 3
 
 
+async def test_chat_reads_max_completion_tokens(client: openai.AsyncOpenAI) -> None:
+    """OpenAI's newer name for a chat's cap, which vLLM reads and SMG and sglang-router
+    send in place of max_tokens: the answer stops at it, not at the default length."""
+    messages = [{"role": "user", "content": "hello there"}]
+    answer = await client.chat.completions.create(
+        model="llama", messages=messages, max_completion_tokens=5
+    )
+    assert answer.usage is not None and answer.usage.completion_tokens == 5
+
+
 async def test_models_health_and_metrics_on_the_api_port(
     worker: GpuWorker, client: openai.AsyncOpenAI
 ) -> None:
