@@ -50,8 +50,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--api",
         choices=("completions", "chat"),
         default="completions",
-        help="OpenAI route (chat: SMG and sglang-router send max_completion_tokens, which "
-        "the emulated GPU does not read)",
+        help="OpenAI route (chat: SMG and sglang-router send max_tokens as "
+        "max_completion_tokens, which the emulated GPU reads as vLLM does)",
     )
     p.add_argument("--quick", action="store_true", help="1 round of 10 s windows (a look)")
     p.add_argument(

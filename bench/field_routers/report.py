@@ -115,10 +115,9 @@ def markdown(result: dict[str, Any]) -> str:
     ]
     if result["args"]["api"] != "chat":
         lines += [
-            "Text completions, the conversation rendered as the emulated GPU renders a chat: "
-            "on `/v1/chat/completions` SMG and sglang-router forward `max_tokens` as "
-            "`max_completion_tokens`, which the emulated GPU does not read (it then answers "
-            "its default length).",
+            "Text completions, the conversation rendered as the emulated GPU renders a chat "
+            "(`--api chat` sends it to `/v1/chat/completions`, where SMG and sglang-router "
+            "forward `max_tokens` as `max_completion_tokens`).",
             "",
         ]
     idle = result.get("idle_cores") or {}
