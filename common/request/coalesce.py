@@ -22,10 +22,18 @@ merge on, an outbox writes the count of token responses it took in as the
 ``completion_tokens`` parameter of every response it sends (a merged response says
 how many tokens it stands for).
 
-What an outbox holds is bounded: past ``MAX_HELD`` responses the request stops reading
-its child until the writer has taken them (gRPC flow control then holds the rest in
-the child), so a caller that stops reading costs bounded memory until the stream's
-write timeout ends it.
+**A caller that reads slowly, or not at all, costs bounded memory and no capacity
+below.** The request keeps reading its child while the writer waits on the caller: at
+``MAX_HELD`` responses held, the plain text responses held are merged in place (as the
+writer would merge them), so the request goes on reading its child to the end of its
+answer and gives back its lease (the GPU slot) in the answer's normal generation time,
+while its record waits for the writes (``common.request.stream_request``). Only when
+the text held passes ``held_bytes`` (``MAX_HELD_TEXT_BYTES``: a whole answer at the
+longest ``max_tokens`` a request may ask, at 32 bytes a token), or ``MAX_HELD``
+responses that cannot merge are held, does the request stop reading its child until the
+writer has taken them (gRPC flow control then holds the rest in the child). So one
+request in flight holds at most ``held_bytes`` of text plus ``MAX_HELD`` responses (and
+the one response that crossed the bound), until the stream's write timeout ends it.
 """
 
 from __future__ import annotations
@@ -35,10 +43,13 @@ from collections.abc import Callable
 
 from common.gen.inference import grpc_service_pb2 as pb
 from common.request.tokens import COMPLETION_TOKENS, USAGE
-from common.request.v2 import TEXT_OUTPUT
+from common.request.v2 import MAX_TOKENS_LIMIT, TEXT_OUTPUT
 
-# Responses one request may hold waiting for the writer before it stops reading its child.
+# Responses one request holds waiting for the writer before merging the text ones held.
 MAX_HELD = 256
+# Text one request may hold for the writer before it stops reading its child: a whole
+# answer at the longest max_tokens, at 32 bytes a token (an English token is ~4).
+MAX_HELD_TEXT_BYTES = MAX_TOKENS_LIMIT * 32
 
 Response = pb.ModelStreamInferResponse
 
@@ -73,23 +84,31 @@ class Outbox:
 
     ``ready`` is the stream writer's: called with this outbox when its first response
     arrives, so the writer queues it. ``put`` is the request's write; the writer calls
-    ``take`` for the next message and ``taken`` once it is written.
+    ``take`` for the next message and ``taken`` once it is written. ``weights[i]`` is
+    how many token responses ``parts[i]`` stands for (more than one once merged while
+    held).
     """
 
     __slots__ = (
         "_ready",
         "_room",
         "closing",
+        "held_bytes",
         "lost",
         "parts",
         "responses",
         "since",
         "stamping",
+        "weights",
         "writing",
     )
 
-    def __init__(self, ready: Callable[[Outbox], None]) -> None:
+    def __init__(
+        self, ready: Callable[[Outbox], None], *, held_bytes: int = MAX_HELD_TEXT_BYTES
+    ) -> None:
         self.parts: list[Response] = []
+        self.weights: list[int] = []
+        self.held_bytes = held_bytes
         # When (loop time) the oldest response held arrived (the writer's window).
         self.since = 0.0
         # The request has ended: what is held goes without waiting for a window.
@@ -105,39 +124,71 @@ class Outbox:
         self._room: asyncio.Future[None] | None = None
 
     async def put(self, response: Response) -> None:
-        """Hold ``response`` for the writer; waits only when ``MAX_HELD`` are held."""
+        """Hold ``response`` for the writer; at ``MAX_HELD`` held, merges the text ones
+        held, and waits only while what it holds is over the bounds."""
         parts = self.parts
         parts.append(response)
+        self.weights.append(1 if len(response.infer_response.outputs) else 0)
         if len(parts) == 1:
             self._ready(self)
         elif len(parts) >= MAX_HELD:
-            await self._wait_room()
+            self._compact()
+            while self.parts and self._over():
+                await self._wait_room()
+
+    def _over(self) -> bool:
+        if len(self.parts) >= MAX_HELD:
+            return True
+        text = 0
+        for part in self.parts:
+            raw = _text_element(part)
+            text += len(raw) if raw is not None else 0
+        return text > self.held_bytes
+
+    def _compact(self) -> None:
+        """Merge every run of plain text responses held into one (what ``take`` would
+        send for it), keeping order and the token responses each stands for."""
+        parts, weights = self.parts, self.weights
+        kept: list[Response] = []
+        kept_weights: list[int] = []
+        run: list[Response] = []
+        run_weight = 0
+        for part, weight in zip(parts, weights, strict=True):
+            if _text_element(part) is not None:
+                run.append(part)
+                run_weight += weight
+                continue
+            if run:
+                kept.append(merge(run) if len(run) > 1 else run[0])
+                kept_weights.append(run_weight)
+                run, run_weight = [], 0
+            kept.append(part)
+            kept_weights.append(weight)
+        if run:
+            kept.append(merge(run) if len(run) > 1 else run[0])
+            kept_weights.append(run_weight)
+        parts[:] = kept
+        weights[:] = kept_weights
 
     def take(self) -> Response:
         """The next message to write: every plain text response held from the first on,
         merged, or the first alone when it is not one."""
-        parts = self.parts
+        parts, weights = self.parts, self.weights
         first = parts[0]
         self.writing = True
-        if len(parts) == 1 or _text_element(first) is None:
-            del parts[0]  # the common case, one response per token: nothing to merge
-            tokens = 1 if len(first.infer_response.outputs) else 0
-            self.responses += tokens
-            return self._stamped(first) if self.stamping and tokens else first
         n = 1
-        while n < len(parts) and _text_element(parts[n]) is not None:
-            n += 1
-        run = parts[:n]
+        if len(parts) > 1 and _text_element(first) is not None:
+            while n < len(parts) and _text_element(parts[n]) is not None:
+                n += 1
+        tokens = sum(weights[:n]) if n > 1 else weights[0]
+        response = merge(parts[:n]) if n > 1 else first
         del parts[:n]
-        if n == 1:
-            self.responses += 1
-            return self._stamped(first) if self.stamping else first
-        self.responses += n  # plain text responses: each carries output
-        merged = merge(run)
-        params = merged.infer_response.parameters
-        if COMPLETION_TOKENS not in params and USAGE not in params:
-            self.stamping = True
-        return self._stamped(merged) if self.stamping else merged
+        del weights[:n]
+        self.responses += tokens
+        if tokens > 1 and not self.stamping:  # it stands for several token responses
+            params = response.infer_response.parameters
+            self.stamping = COMPLETION_TOKENS not in params and USAGE not in params
+        return self._stamped(response) if self.stamping and tokens else response
 
     def _stamped(self, response: Response) -> Response:
         response.infer_response.parameters[COMPLETION_TOKENS].int64_param = self.responses

@@ -15,10 +15,12 @@ by request id). What one stream may hold is bounded (``common.config.access.Limi
   slots) go back and their child calls, down to the GPU, are cancelled;
 * a stream with nothing in flight and no new request for ``stream_idle_timeout_s``
   ends with DEADLINE_EXCEEDED as well;
-* responses waiting to be written: at most ``coalesce.MAX_HELD`` per request in
-  flight (beyond, the request stops reading its child; gRPC flow control holds
-  the rest back in the child, and the emulated GPU's bounded queue holds its
-  generation back).
+* responses waiting to be written: a request keeps reading its child while the
+  caller does not read, merging the text it holds, so its child's answer ends (and
+  its lease, the GPU slot, goes back) in the answer's own time; what it holds is
+  bounded (``coalesce.MAX_HELD`` responses, ``coalesce.MAX_HELD_TEXT_BYTES`` of
+  text: a whole answer at the longest ``max_tokens``), beyond which it stops reading
+  its child and gRPC flow control holds the rest back there.
 
 **Writing.** One writer task per stream writes every response, so a request never
 waits for a write before reading its child's next response: what arrives while the

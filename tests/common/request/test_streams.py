@@ -66,6 +66,7 @@ class Front:
     child: HoldingChild
     proxy: InferenceProxy
     children: ChildSet
+    address: str
 
 
 Make = Callable[..., Awaitable[Front]]
@@ -108,7 +109,8 @@ async def front() -> AsyncIterator[Make]:
             assert [c.outstanding_requests for c in children] == [0]  # every lease back
 
         stops.append(stop)
-        return Front(pb_grpc.GRPCInferenceServiceStub(channel), child, proxy, children)
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        return Front(stub, child, proxy, children, server.address)
 
     try:
         yield make
@@ -357,3 +359,56 @@ async def test_callers_that_hang_up_mid_stream_do_not_mark_the_child_down(front:
     await call.write(generate_request(MODEL, "hi", request_id="after", stream=True))
     await call.done_writing()
     assert len([r async for r in call]) == ChattyChild.tokens
+
+
+# A caller that reads nothing: without BDP probing its window stays at 64 KiB, so the
+# proxy's writes block after about a thousand token responses.
+UNREAD_OPTIONS = [("grpc.http2.bdp_probe", 0)]
+
+
+class TokenChild(pb_grpc.GRPCInferenceServiceServicer):
+    """Streams ``tokens`` token responses per request as fast as it is read (no counts),
+    the last marked final; ``answered`` counts the answers it sent to their end."""
+
+    def __init__(self, tokens: int) -> None:
+        self.tokens = tokens
+        self.answered = 0
+
+    async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
+        async for request in requests:
+            for i in range(self.tokens):
+                response = text_response(request, f" tok{i}", final=i == self.tokens - 1)
+                await context.write(pb.ModelStreamInferResponse(infer_response=response))
+            self.answered += 1
+
+
+async def test_a_caller_that_stops_reading_holds_no_lease_past_its_answer_and_loses_nothing(
+    front: Make,
+) -> None:
+    """The caller reads nothing while its answer is made: the proxy's writes block, but
+    it reads its child's answer to the end and gives the lease back at once (the GPU
+    slot, at the local tier), holding the text merged. Read later, every token comes
+    exactly once, in order, in fewer messages than tokens, the count right."""
+    tokens = 6000
+    child = TokenChild(tokens)
+    f = await front(Limits(stream_write_timeout_s=20.0), servicer=child)
+    async with grpc.aio.insecure_channel(f.address, options=UNREAD_OPTIONS) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        call = stub.ModelStreamInfer(timeout=30)
+        await call.write(generate_request(MODEL, "hi", 8, request_id="r", stream=True))
+        await call.done_writing()
+        for _ in range(300):  # the answer made, the lease back, nothing read yet
+            if child.answered and [c.outstanding_requests for c in f.children] == [0]:
+                break
+            await asyncio.sleep(0.01)
+        assert child.answered == 1
+        assert [c.outstanding_requests for c in f.children] == [0]
+        assert not call.done()  # the caller has read nothing: the proxy still writes
+        responses = [r async for r in call]
+        assert await call.code() == grpc.StatusCode.OK
+    text = "".join(response_text(r.infer_response) for r in responses)
+    assert text == "".join(f" tok{i}" for i in range(tokens))
+    assert len(responses) < tokens
+    last = responses[-1].infer_response.parameters
+    assert last["triton_final_response"].bool_param
+    assert last["completion_tokens"].int64_param == tokens
