@@ -11,7 +11,7 @@ from aiohttp import web
 
 from common.basics.redis_embed import free_port
 from local_lb.load_book import parse_prometheus_load
-from local_lb.openai_probe import OpenAIHealth, served_models
+from local_lb.openai_probe import MODELS_EVERY, OpenAIHealth, served_models
 
 SGLANG = """\
 # HELP sglang:num_running_reqs The number of running requests.
@@ -49,6 +49,7 @@ class Server:
         self.health = 200
         self.models: list[str] = ["m"]
         self.hang = False
+        self.listed = 0  # /v1/models answers given
         self.port = free_port()
         self.runner: web.AppRunner | None = None
 
@@ -71,6 +72,7 @@ class Server:
         return web.Response(status=self.health, text="loading" if self.health != 200 else "")
 
     async def _models(self, request: web.Request) -> web.Response:
+        self.listed += 1
         return web.json_response({"data": [{"id": m} for m in self.models]})
 
 
@@ -127,3 +129,31 @@ async def test_a_server_gone_is_a_failed_call() -> None:
             ["m"], timeout_s=1.0
         )
     assert not check.healthy and not check.answered and not check.slow
+
+
+async def test_a_healthy_servers_model_list_is_read_once_in_models_every_checks(
+    server: Server, health: OpenAIHealth
+) -> None:
+    for _ in range(2 * MODELS_EVERY):
+        assert (await health.check_gpu(["m"], timeout_s=1.0)).healthy
+    assert server.listed == 2  # /health every time, the list in 1 of MODELS_EVERY
+
+
+async def test_the_model_list_is_read_again_after_a_check_that_failed(
+    server: Server, health: OpenAIHealth
+) -> None:
+    assert (await health.check_gpu(["m"], timeout_s=1.0)).healthy
+    server.health = 503  # restarting: /health fails before the new list is served
+    assert not (await health.check_gpu(["m"], timeout_s=1.0)).healthy
+    server.health, server.models = 200, ["llama-3"]
+    check = await health.check_gpu(["m"], timeout_s=1.0)
+    assert not check.healthy and "llama-3" in check.reason and server.listed == 2
+
+
+async def test_a_model_dropped_without_a_restart_is_seen_within_models_every_checks(
+    server: Server, health: OpenAIHealth
+) -> None:
+    assert (await health.check_gpu(["m"], timeout_s=1.0)).healthy
+    server.models = ["llama-3"]
+    verdicts = [(await health.check_gpu(["m"], timeout_s=1.0)).healthy for _ in range(MODELS_EVERY)]
+    assert verdicts[-1] is False and verdicts.count(False) == 1
