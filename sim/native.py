@@ -44,6 +44,8 @@ NATIVE_MODULES = (
     "common/capacity/summary.py",
     "common/request/balancer.py",
     "common/request/child.py",
+    "common/request/forwarding.py",
+    "common/request/output_length.py",
     "common/request/per_try.py",
     "common/request/pick.py",
     "common/request/routing.py",
