@@ -16,12 +16,22 @@ follows one such stream:
 3. response headers: learn the endpoint that served; when Envoy fell back to
    another GPU, the chosen one is released as failed (the data plane could not
    use it) and the request is counted on the one that served;
-4. response trailers (or response headers that end the response): release the
-   lease with the call's status and the GPU's ``x-meridian-load`` report.
+4. the end: response trailers (a gRPC call's status and the GPU's
+   ``x-meridian-load`` report), response headers that end the response, or the
+   close of the ext_proc stream: release the lease with the call's status.
 
-Whatever happens, the lease is released exactly once: when the stream closes
-(Envoy ends it when the HTTP request ends, or the caller went away) a lease
-still held is released as CANCELLED, which teaches the balancer nothing.
+An HTTP response without trailers (an OpenAI GPU's SSE stream or JSON answer over
+HTTP/1.1, whose body never goes through the picker) ends only with the stream:
+Envoy closes it when the HTTP request ends, so the lease is released with the
+status its response headers gave (200: OK) and the time to that close, which is
+the request's service time the balancer learns. Envoy closes it the same way when
+the caller goes away or the GPU resets mid-response, which the picker cannot tell
+from a whole answer without a body or trailer phase: such a request also counts
+as served, its time short (a GPU that died is still caught by its health checks
+and by Envoy's next connect failure). Only a lease whose response never gave a
+status (a gRPC call without its trailers, a caller gone before the response
+headers) is released as CANCELLED, which teaches the balancer nothing. Whatever
+happens, the lease is released exactly once.
 """
 
 from __future__ import annotations
@@ -162,6 +172,7 @@ class Exchange:
         lease, self.lease = self.lease, None
         if lease is None:
             return
+        # Without a status (see the module docstring): the call ended before its response.
         code, detail = self.status or (grpc.StatusCode.CANCELLED, "the ext_proc stream closed")
         self.picker.balancer.release(lease, self._outcome(code, detail, trailers, lease))
 

@@ -54,16 +54,25 @@ def _address(endpoint: Endpoint) -> dict[str, Any]:
     return {"socket_address": {"address": endpoint.host, "port_value": endpoint.port}}
 
 
-def _h2() -> dict[str, Any]:
+def _upstream_http(http1: bool = False) -> dict[str, Any]:
+    """HTTP/2 (gRPC) to an upstream, or HTTP/1.1 (``http1``: an OpenAI HTTP server such
+    as vLLM's, which speaks nothing else)."""
+    options: dict[str, Any] = (
+        {"http_protocol_options": {}} if http1 else {"http2_protocol_options": {}}
+    )
     return {
         HTTP_OPTIONS: {
             "@type": f"type.googleapis.com/{HTTP_OPTIONS}",
-            "explicit_http_config": {"http2_protocol_options": {}},
+            "explicit_http_config": options,
         }
     }
 
 
-def _ext_proc_filter() -> dict[str, Any]:
+def _ext_proc_filter(openai_gpus: bool) -> dict[str, Any]:
+    """Only the phases the picker needs: the request headers (hints) and whole body (the
+    model and prompt), the response headers (status, the endpoint that served) and, from
+    gRPC GPUs, the response trailers (the call's status); never a response body. An
+    OpenAI GPU's HTTP/1.1 response has no trailers: its end is the stream's close."""
     return {
         "name": "envoy.filters.http.ext_proc",
         "typed_config": {
@@ -77,7 +86,7 @@ def _ext_proc_filter() -> dict[str, Any]:
                 "request_trailer_mode": "SKIP",
                 "response_header_mode": "SEND",
                 "response_body_mode": "NONE",
-                "response_trailer_mode": "SEND",
+                "response_trailer_mode": "SKIP" if openai_gpus else "SEND",
             },
             "metadata_options": {
                 "forwarding_namespaces": {"untyped": [LB_NAMESPACE, SUBSET_NAMESPACE]}
@@ -98,7 +107,9 @@ def _subset_filter(subset: Sequence[Endpoint]) -> dict[str, Any]:
     }
 
 
-def _listener(listen: Endpoint, retries: int, original_dst: bool, subset: Any) -> dict[str, Any]:
+def _listener(
+    listen: Endpoint, retries: int, original_dst: bool, subset: Any, openai_gpus: bool
+) -> dict[str, Any]:
     route: dict[str, Any] = {
         "cluster": "gpus",
         "timeout": "0s",  # generation may be long; the caller's deadline bounds it
@@ -111,7 +122,7 @@ def _listener(listen: Endpoint, retries: int, original_dst: bool, subset: Any) -
     if original_dst:
         served = {"key": SERVED, "value": "%UPSTREAM_REMOTE_ADDRESS%"}
         routes["response_headers_to_add"] = [{"header": served}]
-    filters = [*([_subset_filter(subset)] if subset else []), _ext_proc_filter()]
+    filters = [*([_subset_filter(subset)] if subset else []), _ext_proc_filter(openai_gpus)]
     filters.append(
         {
             "name": "envoy.filters.http.router",
@@ -144,9 +155,9 @@ def _listener(listen: Endpoint, retries: int, original_dst: bool, subset: Any) -
     }
 
 
-def _gpu_cluster(gpus: Sequence[Endpoint], original_dst: bool) -> dict[str, Any]:
+def _gpu_cluster(gpus: Sequence[Endpoint], original_dst: bool, openai: bool) -> dict[str, Any]:
     cluster: dict[str, Any] = {"name": "gpus", "connect_timeout": "0.5s"}
-    cluster["typed_extension_protocol_options"] = _h2()  # V2 gRPC GPUs
+    cluster["typed_extension_protocol_options"] = _upstream_http(http1=openai)
     if original_dst:
         cluster.update(
             type="ORIGINAL_DST",
@@ -197,16 +208,18 @@ def envoy_bootstrap(
     original_dst: bool = False,
     retries: int = 2,
     subset: Sequence[Endpoint] = (),
+    openai_gpus: bool = False,
 ) -> dict[str, Any]:
     """The bootstrap: callers on ``listen``, the picker at ``picker``, the GPUs (listed
     for ``override_host``; found from the header with ``original_dst``), admin on
     ``admin`` (keep it on loopback: it can stop Envoy). ``subset`` makes Envoy send
-    that subset hint with every request."""
+    that subset hint with every request. ``openai_gpus``: the GPUs speak OpenAI HTTP
+    (vLLM, SGLang), which Envoy carries to them over HTTP/1.1; else V2 gRPC (HTTP/2)."""
     picker_cluster = {
         "name": "meridian_picker",
         "type": "STATIC",
         "connect_timeout": "0.25s",
-        "typed_extension_protocol_options": _h2(),
+        "typed_extension_protocol_options": _upstream_http(),
         "load_assignment": {
             "cluster_name": "meridian_picker",
             "endpoints": [{"lb_endpoints": [{"endpoint": {"address": _address(picker)}}]}],
@@ -215,8 +228,8 @@ def envoy_bootstrap(
     return {
         "admin": {"address": _address(admin)},
         "static_resources": {
-            "listeners": [_listener(listen, retries, original_dst, subset)],
-            "clusters": [picker_cluster, _gpu_cluster(gpus, original_dst)],
+            "listeners": [_listener(listen, retries, original_dst, subset, openai_gpus)],
+            "clusters": [picker_cluster, _gpu_cluster(gpus, original_dst, openai_gpus)],
         },
     }
 

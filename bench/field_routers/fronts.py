@@ -12,6 +12,13 @@ so every front routes to the very same GPU processes. The fronts:
   entry); the fleet's global and regional tiers still run above it, idle for this
   front, and their CPU is not counted; Redis is (the local tier publishes to it).
   On a commit whose topology has no such key the front is "not available".
+* ``meridian-envoy`` — a real Envoy (``bench.envoy_proc``, one worker thread, the
+  bootstrap ``local_lb.ext_proc_envoy`` renders: override_host cluster of the GPUs over
+  HTTP/1.1) carries the requests and SSE streams, and the zone's local tier only
+  decides, as Envoy's endpoint picker (the zone's ``ext_proc`` entry): it sees the
+  request headers and whole body, the response headers, and the end of the exchange,
+  never a token. Its CPU is Envoy + local + Redis. The picker authenticates no tenant
+  (as the Rust routers here): Envoy's own filters would.
 * ``smg``, ``sglang-router``, ``vllm-router`` — the PyPI wheels' binaries from their own
   virtualenv (``make routers``), each one process started once for the whole run, as
   their users start them: ``--policy cache_aware`` with its default thresholds. The only
@@ -21,6 +28,7 @@ so every front routes to the very same GPU processes. The fronts:
 
 from __future__ import annotations
 
+import asyncio
 import os
 import socket
 import subprocess
@@ -32,25 +40,29 @@ from typing import Any
 
 import yaml
 
+from bench.envoy_proc import EnvoyProcess, envoy_binary
 from bench.field_routers.client import Front
 from bench.hop_cost import REGION, TENANT, ZONE, cpu_seconds
 from bench.hop_cost import fleet_spec as hop_fleet_spec
 from cli.launcher import Fleet
 from cli.processes import TierProcess
 from common.basics.redis_embed import free_port
-from common.config.node import ConfigError
+from common.config.node import ConfigError, Endpoint
+from local_lb.ext_proc_envoy import envoy_bootstrap
 
 ROOT = Path(__file__).resolve().parent.parent.parent
 ROUTERS_VENV = ROOT / ".venv-routers"
-MERIDIAN = ("meridian", "meridian-local")
+MERIDIAN = ("meridian", "meridian-local", "meridian-envoy")
 RUST = ("smg", "sglang-router", "vllm-router")
 ALL_FRONTS = (*MERIDIAN, *RUST)
 WORKER = f"worker-{ZONE}"
 
 
-def fleet_spec(gpus: int, time_scale: float, zone_edge: bool) -> dict[str, Any]:
+def fleet_spec(
+    gpus: int, time_scale: float, zone_edge: bool, ext_proc: str | None = None
+) -> dict[str, Any]:
     """``bench.hop_cost``'s one-zone fleet, its GPUs on OpenAI HTTP, OpenAI edges on free
-    ports (the zone's too with ``zone_edge``)."""
+    ports (the zone's too with ``zone_edge``), the zone's endpoint picker on ``ext_proc``."""
     spec = hop_fleet_spec(gpus, time_scale)
     spec["global"]["openai_listen"] = "127.0.0.1:0"
     zone = spec["regions"][0]["zones"][0]
@@ -59,6 +71,8 @@ def fleet_spec(gpus: int, time_scale: float, zone_edge: bool) -> dict[str, Any]:
         gpu.pop("metrics_listen", None)
     if zone_edge:
         zone["openai_listen"] = "127.0.0.1:0"
+    if ext_proc is not None:
+        zone["ext_proc"] = {"listen": ext_proc}
     return spec
 
 
@@ -131,14 +145,19 @@ class Stage:
     routers_venv: Path = ROUTERS_VENV
     fleet: Fleet | None = None
     routers: dict[str, TierProcess] = field(default_factory=dict)
+    envoy: EnvoyProcess | None = None
+    picker: str | None = None  # the zone's ext_proc address (meridian-envoy)
     available: dict[str, Front] = field(default_factory=dict)
     missing: dict[str, str] = field(default_factory=dict)  # front: why not measured
 
     def _build_fleet(self) -> tuple[Fleet, bool]:
         """The fleet with the zone's OpenAI edge if this commit's topology knows the key."""
+        if "meridian-envoy" in self.fronts:
+            self.picker = f"127.0.0.1:{free_port()}"
         for zone_edge in (True, False):
             path = self.run_dir / f"fleet-{int(zone_edge)}.yaml"
-            path.write_text(yaml.safe_dump(fleet_spec(self.gpus, self.time_scale, zone_edge)))
+            spec = fleet_spec(self.gpus, self.time_scale, zone_edge, self.picker)
+            path.write_text(yaml.safe_dump(spec))
             try:
                 return Fleet(path, self.run_dir / f"run-{int(zone_edge)}"), zone_edge
             except ConfigError as exc:
@@ -162,6 +181,8 @@ class Stage:
                 )
             else:
                 self.missing["meridian-local"] = "the local tier does not listen on openai_listen"
+        if self.picker is not None:
+            self._start_envoy(self.picker)
         wanted = [n for n in RUST if n in self.fronts]
         if wanted:
             ensure_routers(self.routers_venv)
@@ -170,6 +191,31 @@ class Stage:
         for name in list(self.available):
             if name not in self.fronts:
                 del self.available[name]
+
+    def _start_envoy(self, picker: str) -> None:
+        """Envoy in front of the GPUs (HTTP/1.1, override_host), the zone's picker deciding."""
+        if envoy_binary() is None:
+            self.missing["meridian-envoy"] = "no Envoy binary: `make envoy`"
+            return
+        assert self.fleet is not None
+        host, _, port = picker.rpartition(":")
+        listen, admin = Endpoint("127.0.0.1", free_port()), Endpoint("127.0.0.1", free_port())
+        bootstrap = envoy_bootstrap(
+            listen=listen,
+            picker=Endpoint(host, int(port)),
+            admin=admin,
+            gpus=[g.endpoint for g in self.fleet.topology.regions[0].zones[0].gpus],
+            openai_gpus=True,
+        )
+        workdir = self.run_dir / "envoy"
+        workdir.mkdir(exist_ok=True)
+        self.envoy = EnvoyProcess(bootstrap, admin, workdir)
+        try:
+            asyncio.run(self.envoy.start())
+        except (RuntimeError, TimeoutError) as exc:
+            self.missing["meridian-envoy"] = f"Envoy did not start: {exc}"
+            return
+        self.available["meridian-envoy"] = Front("meridian-envoy", f"http://{listen.address}/v1")
 
     def _start_router(self, name: str) -> None:
         port = free_port()
@@ -197,9 +243,13 @@ class Stage:
             assert proc is not None
             return {front: proc.pid}
         names = [f"local-{ZONE}"]
+        out: dict[str, int] = {}
+        if front == "meridian-envoy":
+            assert self.envoy is not None and self.envoy.process is not None
+            out["envoy"] = self.envoy.process.pid
         if front == "meridian":
             names = ["global", f"regional-{REGION}", *names]
-        out = {n: _pid(self.fleet.processes[n]) for n in names}
+        out.update({n: _pid(self.fleet.processes[n]) for n in names})
         assert self.fleet.redis is not None and self.fleet.redis.process is not None
         out["redis"] = self.fleet.redis.process.pid
         return out
@@ -209,8 +259,11 @@ class Stage:
         return _pid(self.fleet.processes[WORKER])
 
     def stop(self) -> None:
-        """Every process this stage started, routers first, then the fleet top down."""
+        """Every process this stage started, Envoy and the routers first, then the fleet
+        top down."""
         try:
+            if self.envoy is not None:
+                asyncio.run(self.envoy.stop())
             for proc in self.routers.values():
                 proc.stop()
         finally:

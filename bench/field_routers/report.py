@@ -107,8 +107,9 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         "Figures are medians over rounds. CPU: utime + stime of every process of the "
         "front (meridian: global + regional + local + Redis; meridian-local: local + "
-        "Redis; a Rust router: its process) over the window, per request offered and per "
-        "output token delivered; the GPUs' own CPU apart. Latency percentiles are over "
+        "Redis; meridian-envoy: Envoy + local + Redis; a Rust router: its process) over "
+        "the window, per request offered and per output token delivered; the GPUs' own "
+        "CPU apart. Latency percentiles are over "
         "every request offered, a failure counted as infinitely late (∞). (N×): the "
         "ratio to the best Rust router's figure in the same round.",
         "",

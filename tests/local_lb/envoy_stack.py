@@ -78,9 +78,11 @@ async def envoy_zone(
     subset: Sequence[Endpoint] | None = None,
     subset_gpus: Sequence[str] = (),
     max_wait_s: float = 5.0,
+    openai: bool = False,
 ) -> AsyncIterator[EnvoyZone]:
     """The whole stack, stopped in reverse order on exit. ``subset_gpus`` names GPUs
-    whose addresses Envoy sends as the subset hint; ``subset`` gives addresses."""
+    whose addresses Envoy sends as the subset hint; ``subset`` gives addresses. With
+    ``openai`` the GPUs speak vLLM's OpenAI HTTP API (Envoy dials them over HTTP/1.1)."""
     need_envoy()
     mapping: dict[str, Any] = one_zone_mapping(
         redis_url,
@@ -93,6 +95,10 @@ async def envoy_zone(
         tenant_headroom=0.0,
     )
     zone_map = mapping["regions"][0]["zones"][0]
+    if openai:
+        for gpu in zone_map["gpus"]:
+            gpu["protocol"] = "openai"  # metrics on the API port, as vLLM serves them
+            gpu.pop("metrics_listen", None)
     zone_map["ext_proc"] = {
         "listen": f"127.0.0.1:{free_port()}",
         "fallbacks": fallbacks,
@@ -112,6 +118,7 @@ async def envoy_zone(
         original_dst=original_dst,
         retries=max(fallbacks, 1),
         subset=hint,
+        openai_gpus=openai,
     )
     from local_lb.server import build_local_tier
 
