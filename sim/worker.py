@@ -32,6 +32,7 @@ from common.request.v2 import GenerateRequest, parse_generate, wants_stream
 from sim.answers import answer, answer_length, stream_error, stream_response
 from sim.engine import EngineError, GpuEngine, RequestTooLarge
 from sim.openai_server import OpenAIServer
+from sim.stream_out import merged_while_waiting
 from sim.vllm_metrics import PROMETHEUS_CONTENT_TYPE, metrics_text
 
 log = logging.getLogger(__name__)
@@ -228,7 +229,8 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
         """Serve each request of the stream in its own task; responses share one queue.
 
         A request with the ``stream`` parameter gets one response per token, the
-        last marked final; without it, one final response with the whole text
+        last marked final (tokens that waited together for the writer go as one,
+        ``sim.stream_out``, as vLLM's); without it, one final response with the whole text
         (Triton's generate convention). A bad request yields a response with
         ``error_message`` and the stream goes on (Triton's behaviour). The stream
         ends when the client half-closes and every request is answered. The queue
@@ -258,7 +260,7 @@ class GpuWorker(pb_grpc.GRPCInferenceServiceServicer):
         reader = asyncio.create_task(read())
         self._stream_queues.add(out)
         try:
-            while (response := await out.get()) is not None:
+            async for response in merged_while_waiting(out):
                 yield response
             context.set_trailing_metadata(self._trailers())
         finally:

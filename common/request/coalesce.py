@@ -70,6 +70,11 @@ def _text_element(response: Response) -> bytes | None:
     return raw
 
 
+def mergeable(response: Response) -> bool:
+    """Whether ``response`` is a plain text response (``merge`` takes only those)."""
+    return _text_element(response) is not None
+
+
 def merge(run: list[Response]) -> Response:
     """One response for a run of plain text responses (see the module docstring): the
     last of them, its ``text_output`` the run's texts joined. Changes the last in place."""

@@ -132,6 +132,16 @@ def counts(response: pb.ModelInferResponse) -> tuple[int, int] | None:
     return params["prompt_tokens"].int64_param, params["completion_tokens"].int64_param
 
 
+def streamed_text(responses: list[pb.ModelStreamInferResponse]) -> str:
+    return "".join(response_text(r.infer_response) for r in responses)
+
+
+async def unary_words(stub: pb_grpc.GRPCInferenceServiceStub, prompt: str, tokens: int) -> str:
+    """The emulated model's answer to ``prompt`` (the same words streamed), unspaced."""
+    response = await stub.ModelInfer(generate_request("llama", prompt, tokens))
+    return "".join(response_text(response).split())
+
+
 def answering(request: pb.ModelInferRequest, tokens: int) -> pb.ModelInferRequest:
     request.parameters["sim_answer_tokens"].int64_param = tokens
     return request
@@ -161,8 +171,11 @@ async def test_stream_reports_the_counts_so_far_on_every_response(
     by_id: dict[str, list[pb.ModelInferResponse]] = {"s1": [], "s2": []}
     async for r in call:
         by_id[r.infer_response.id].append(r.infer_response)
-    assert [counts(r) for r in by_id["s1"]] == [(2, 1), (2, 2), (2, 3), (2, 4)]
-    assert [is_final(r) for r in by_id["s1"]] == [False, False, False, True]
+    # The counts so far on every response (fewer responses when tokens were merged).
+    completions = [counts(r)[1] for r in by_id["s1"]]  # type: ignore[index]
+    assert completions == sorted(set(completions))
+    assert counts(by_id["s1"][-1]) == (2, 4) and is_final(by_id["s1"][-1])
+    assert [is_final(r) for r in by_id["s1"]].count(True) == 1
     [one] = by_id["s2"]
     assert counts(one) == (3, 3) and is_final(one) and len(response_text(one).split()) == 3
 
@@ -216,16 +229,21 @@ async def test_unary_infer_errors(
     assert worker.engine.stats().requests_succeeded_total == 0
 
 
-async def test_stream_sends_one_response_per_token_last_one_final(
+async def test_stream_sends_every_token_once_in_order_last_one_final(
     stub: pb_grpc.GRPCInferenceServiceStub,
 ) -> None:
+    """One response per token, or fewer when tokens waited together for the writer
+    (``sim.stream_out``): the text is the unary answer's words, in order."""
     call = stub.ModelStreamInfer()
     await call.write(generate_request("llama", "stream me", 9, request_id="s1", stream=True))
     await call.done_writing()
     responses = [r async for r in call]
     assert all(not r.error_message for r in responses)
-    assert [len(response_text(r.infer_response).split()) for r in responses] == [1] * 9
-    assert [is_final(r.infer_response) for r in responses] == [False] * 8 + [True]
+    assert streamed_text(responses) == await unary_words(stub, "stream me", 9)
+    completions = [counts(r.infer_response)[1] for r in responses]  # type: ignore[index]
+    assert completions == sorted(set(completions)) and completions[-1] == 9
+    assert [is_final(r.infer_response) for r in responses][-1]
+    assert sum(is_final(r.infer_response) for r in responses) == 1
     assert {r.infer_response.id for r in responses} == {"s1"}
     meta = trailers(await call.trailing_metadata())
     assert meta["x-meridian-route"] == "gpu-0"
@@ -252,7 +270,9 @@ async def test_stream_without_stream_parameter_streams_tokens(
     await call.write(generate_request("llama", "tokens please", 4))
     await call.done_writing()
     responses = [r async for r in call]
-    assert [is_final(r.infer_response) for r in responses] == [False, False, False, True]
+    finals = [is_final(r.infer_response) for r in responses]
+    assert finals[-1] and finals.count(True) == 1
+    assert counts(responses[-1].infer_response) == (2, 4)
 
 
 async def test_bad_request_in_stream_reports_error_and_stream_continues(
@@ -270,8 +290,8 @@ async def test_bad_request_in_stream_reports_error_and_stream_continues(
     assert errors[1].startswith("NOT_FOUND") and "gpt" in errors[1]
     assert errors[1].endswith("(request id 'bad')")
     good = [r.infer_response for r in responses if not r.error_message]
-    assert len(good) == 5 and {r.id for r in good} == {"good"}
-    assert [is_final(r) for r in good] == [False] * 4 + [True]
+    assert {r.id for r in good} == {"good"} and counts(good[-1]) == (1, 5)
+    assert [is_final(r) for r in good].count(True) == 1 and is_final(good[-1])
     assert await call.code() == grpc.StatusCode.OK
 
 
@@ -282,12 +302,13 @@ async def test_stream_serves_concurrent_requests(
     for i in range(3):
         await call.write(generate_request("mistral", f"p{i}", 20, request_id=f"r{i}", stream=True))
     await call.done_writing()
-    by_id: dict[str, list[bool]] = {}
+    by_id: dict[str, list[pb.ModelInferResponse]] = {}
     async for r in call:
-        by_id.setdefault(r.infer_response.id, []).append(is_final(r.infer_response))
-    assert {k: (len(v), v.count(True), v[-1]) for k, v in by_id.items()} == {
-        f"r{i}": (20, 1, True) for i in range(3)
-    }
+        by_id.setdefault(r.infer_response.id, []).append(r.infer_response)
+    assert {
+        k: ([is_final(r) for r in v].count(True), is_final(v[-1])) for k, v in by_id.items()
+    } == {f"r{i}": (1, True) for i in range(3)}
+    assert {k: counts(v[-1]) for k, v in by_id.items()} == {f"r{i}": (1, 20) for i in range(3)}
     assert worker.engine.stats("mistral").requests_succeeded_total == 3
 
 
@@ -312,6 +333,53 @@ async def test_a_stream_nobody_reads_holds_a_bounded_backlog(worker: GpuWorker) 
             break
         await asyncio.sleep(0.01)
     assert worker.stream_backlog == 0
+
+
+# A reader that grants a 1 KiB window and reads nothing yet: the GPU's writer waits on
+# it after a few responses while the engine goes on generating.
+LAGGING_READER = [("grpc.http2.bdp_probe", 0), ("grpc.http2.lookahead_bytes", 1024)]
+
+
+async def lagging_read(worker: GpuWorker, tokens: int) -> list[pb.ModelStreamInferResponse]:
+    """A stream of one ``tokens``-token request read only once every token is generated."""
+    address = f"127.0.0.1:{worker.port}"
+    async with grpc.aio.insecure_channel(address, options=LAGGING_READER) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        call = stub.ModelStreamInfer()
+        await call.write(generate_request("llama", "lag", tokens, request_id="s", stream=True))
+        await call.done_writing()
+        for _ in range(500):
+            if worker.engine.stats("llama").tokens_generated_total == tokens:
+                break
+            await asyncio.sleep(0.01)
+        assert worker.engine.stats("llama").tokens_generated_total == tokens
+        return [r async for r in call]
+
+
+async def test_tokens_that_waited_for_the_writer_go_as_one_and_none_is_lost(
+    worker: GpuWorker, stub: pb_grpc.GRPCInferenceServiceStub
+) -> None:
+    """As vLLM merges a request's outputs for a consumer that falls behind: fewer
+    responses than tokens, the same text in order, the last counts the totals."""
+    responses = await lagging_read(worker, 300)
+    assert len(responses) < 300
+    assert streamed_text(responses) == await unary_words(stub, "lag", 300)
+    assert counts(responses[-1].infer_response) == (1, 300)
+    assert [is_final(r.infer_response) for r in responses].count(True) == 1
+    assert is_final(responses[-1].infer_response)
+
+
+async def test_a_gpu_that_reports_no_counts_sends_one_response_per_token_however_late() -> None:
+    """The tiers above estimate its completion from the responses: none is merged."""
+    config = dataclasses.replace(gpu_config(), report_tokens=False)
+    worker = GpuWorker(config, region="eu", zone="eu-a", time_scale=0.05)
+    await worker.start()
+    try:
+        responses = await lagging_read(worker, 300)
+    finally:
+        await worker.stop(0)
+    assert len(responses) == 300
+    assert [len(response_text(r.infer_response).split()) for r in responses] == [1] * 300
 
 
 async def test_metrics_parse_and_show_a_running_request(worker: GpuWorker) -> None:
