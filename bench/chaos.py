@@ -85,6 +85,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--limited-callers", type=int, default=2)
     p.add_argument("--timeout-s", type=float, default=4.0, help="every good call's deadline")
     p.add_argument("--unread-streams", type=int, default=500)
+    p.add_argument("--unread-max-tokens", type=int, default=256, help="each unread stream's")
+    p.add_argument(
+        "--unread-read",
+        action="store_true",
+        help="a control: the bulk streams are read as they come (the same load, kept up with)",
+    )
+    p.add_argument(
+        "--stream-coalesce-ms",
+        type=float,
+        default=None,
+        help="limits.stream_coalesce_ms of the fleet (default: the fleet file's)",
+    )
     p.add_argument(
         "--bulk-max-concurrent",
         type=int,
@@ -149,7 +161,11 @@ async def _run(args: argparse.Namespace, fleet: FleetUnderTest) -> dict[str, Any
         )
         for _ in range(args.limited_callers)
     ]
-    abuse = Abuse(unread_streams=args.unread_streams)
+    abuse = Abuse(
+        unread_streams=args.unread_streams,
+        unread_max_tokens=args.unread_max_tokens,
+        unread_read=args.unread_read,
+    )
     timing = args.phase_timing
     bench = Bench(fleet, load, limited_stub, timing, abuse, rng)
     cpu0, wall0, own0, load0 = (
@@ -249,9 +265,10 @@ def _result(
 async def _main(args: argparse.Namespace) -> dict[str, Any]:
     run_dir = Path(tempfile.mkdtemp(prefix="meridian-chaos-"))
     print(f"run directory {run_dir}", flush=True)
-    fleet = FleetUnderTest(
-        run_dir, bench_fleet_spec(args.fleet, bulk_max_concurrent=args.bulk_max_concurrent)
-    )
+    spec = bench_fleet_spec(args.fleet, bulk_max_concurrent=args.bulk_max_concurrent)
+    if args.stream_coalesce_ms is not None:
+        spec.setdefault("limits", {})["stream_coalesce_ms"] = args.stream_coalesce_ms
+    fleet = FleetUnderTest(run_dir, spec)
     task = asyncio.current_task()
     assert task is not None
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)

@@ -3,13 +3,16 @@
 ``UnreadStreams`` opens ``count`` streams for one tenant, spread over ``channels``
 connections (each channel its own subchannel pool, so its own HTTP/2 connection): each
 sends one token-streaming request and then neither reads a response nor half-closes,
-holding the stream open, until ``close()`` cancels them all. What the server did with them
-meanwhile shows at ``close()``: streams it had already ended, and with which status.
+holding the stream open, until ``close()`` cancels them all (with ``read``, a control:
+the same load from callers that keep up, each stream is read as it comes). What the
+server did with them meanwhile shows at ``close()``: streams it had already ended, and
+with which status.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -35,8 +38,10 @@ class UnreadStreams:
         channels: int,
         max_tokens: int,
         rng: random.Random,
+        read: bool = False,
     ) -> None:
         self.target = target
+        self.read = read
         self.key = key
         self.count = count
         self.channel_count = max(1, channels)
@@ -45,6 +50,7 @@ class UnreadStreams:
         self.release = asyncio.Event()
         self.channels: list[grpc.aio.Channel] = []
         self.calls: list[Any] = []
+        self.readers: list[asyncio.Task[None]] = []
 
     async def _requests(self, request: pb.ModelInferRequest) -> AsyncIterator[pb.ModelInferRequest]:
         yield request
@@ -64,9 +70,10 @@ class UnreadStreams:
             )
             metadata = metadata_for(self.key, city, parent)
             stub = stubs[i % len(stubs)]
-            self.calls.append(
-                stub.ModelStreamInfer(self._requests(request), metadata=metadata, timeout=600)
-            )
+            call = stub.ModelStreamInfer(self._requests(request), metadata=metadata, timeout=600)
+            self.calls.append(call)
+            if self.read:
+                self.readers.append(asyncio.create_task(_read_all(call)))
 
     async def ended_by_server(self) -> Counter[str]:
         """Streams that ended before ``close()``, by status (a server that bounds them).
@@ -81,7 +88,17 @@ class UnreadStreams:
         self.release.set()
         for call in self.calls:
             call.cancel()
+        await asyncio.gather(*self.readers, return_exceptions=True)
+        self.readers.clear()
         for channel in self.channels:
             await channel.close(grace=None)
         self.channels.clear()
         self.calls.clear()
+
+
+async def _read_all(call: Any) -> None:
+    """Read one stream's responses as they come (the stream stays open: its caller never
+    half-closes), until it ends or is cancelled."""
+    with contextlib.suppress(grpc.RpcError, asyncio.CancelledError):
+        async for _ in call:
+            pass

@@ -79,6 +79,7 @@ class Abuse:
     unread_streams: int = 500
     unread_channels: int = 10
     unread_max_tokens: int = 256
+    unread_read: bool = False  # a control: the bulk streams are read as they come
     streams: int = 3
     per_stream: int = 20
     stream_max_tokens: int = 600
@@ -161,6 +162,7 @@ async def _unread(bench: Bench, phase: Phase) -> None:
         channels=abuse.unread_channels,
         max_tokens=abuse.unread_max_tokens,
         rng=bench.rng,
+        read=abuse.unread_read,
     )
     gpus = {"before": await asyncio.to_thread(bench.fleet.gpu_load)}
     phase.fault_at = time.monotonic()
@@ -176,10 +178,13 @@ async def _unread(bench: Bench, phase: Phase) -> None:
         "streams": abuse.unread_streams,
         "channels": abuse.unread_channels,
         "max_tokens": abuse.unread_max_tokens,
+        "read": abuse.unread_read,
         "ended_by_server": dict(ended),
         "gpu_slots": gpus,
     }
     phase.note = f"{abuse.unread_streams} streams over {abuse.unread_channels} connections"
+    if abuse.unread_read:
+        phase.note += ", read as they come (control)"
 
 
 async def _tenant_streams(bench: Bench, phase: Phase) -> None:

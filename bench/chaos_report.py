@@ -134,6 +134,28 @@ def in_window(shots: Sequence[Shot], lo: float, hi: float, *, by: str = "end") -
     return [s for s in shots if lo <= getattr(s, by) < hi]
 
 
+def by_second(calls: Sequence[Shot], since: float) -> list[dict[str, Any]]:
+    """Calls by the second they began in since ``since``: how many, P50 and the slowest
+    (ms), failed: where in the window the slow ones were."""
+    seconds: dict[int, list[Shot]] = {}
+    for shot in calls:
+        seconds.setdefault(int(shot.start - since), []).append(shot)
+    out = []
+    for second, shots in sorted(seconds.items()):
+        ms = sorted(round(s.latency_s * 1000) for s in shots)
+        failed = sum(not s.ok for s in shots)
+        out.append(
+            {
+                "s": second,
+                "calls": len(ms),
+                "p50_ms": ms[len(ms) // 2],
+                "max_ms": ms[-1],
+                "failed": failed,
+            }
+        )
+    return out
+
+
 def slow_readers(phase: Phase, good: Sequence[Shot]) -> dict[str, Any]:
     """Good traffic in the window before the unread streams and while they were open."""
     width = phase.restore_at - phase.fault_at
@@ -142,6 +164,7 @@ def slow_readers(phase: Phase, good: Sequence[Shot]) -> dict[str, Any]:
     out: dict[str, Any] = {"window_s": round(width, 2)}
     for name, calls in (("without", before), ("with", during)):
         out[name] = {**latency(calls), "ok_per_s": round(sum(s.ok for s in calls) / width, 1)}
+    out["by_second"] = by_second(during, phase.fault_at)
     p99_a, p99_b = out["without"]["p99_ms"], out["with"]["p99_ms"]
     out["p99_ratio"] = round(p99_b / p99_a, 2) if p99_a and p99_b else None
     p50_a, p50_b = out["without"]["p50_ms"], out["with"]["p50_ms"]

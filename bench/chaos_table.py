@@ -58,6 +58,13 @@ def slow_reader_lines(phase: dict[str, Any]) -> list[str]:
         f"{b['ok_per_s']} OK/s   P99 ratio {_num(sr['p99_ratio'])}× "
         f"(goal ≤ 2×), P50 ratio {_num(sr['p50_ratio'])}×",
         f"  streams the server ended before the bench closed them: {_codes(ended)}",
+        "  good calls by the second they began after the streams opened (calls, P50/max ms, "
+        "failed): "
+        + ", ".join(
+            f"{b['s']}s {b['calls']} {b['p50_ms']}/{b['max_ms']}"
+            + (f" ×{b['failed']}" if b["failed"] else "")
+            for b in sr.get("by_second", [])
+        ),
         *(
             f"  GPU slots {when}: {g.get('held')} of {g.get('slots')} held by the local tiers, "
             f"{g.get('running')} sequences running on the GPUs, {g.get('queued')} queued"
