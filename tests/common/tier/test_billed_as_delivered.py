@@ -24,7 +24,7 @@ from common.config.node import Endpoint
 from common.gen.inference import grpc_service_pb2 as pb
 from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.server import V2Server
-from common.request.v2 import FINAL_RESPONSE, generate_request, text_response
+from common.request.v2 import FINAL_RESPONSE, generate_request, response_text, text_response
 from common.tenancy.auth import hash_key
 from common.tenancy.usage import UsageRecord
 from common.tier.server import TierServer
@@ -47,6 +47,7 @@ class FaultyRegion(pb_grpc.GRPCInferenceServiceServicer):
         self.texts = texts
         self.after = after
         self.final = final
+        self.answered = 0  # answers written to their end
 
     async def ModelStreamInfer(self, requests: AsyncIterator[Any], context: Any) -> None:
         async for request in requests:
@@ -54,6 +55,7 @@ class FaultyRegion(pb_grpc.GRPCInferenceServiceServicer):
                 final = self.final and i == len(self.texts) - 1
                 response = text_response(request, text, final=final)
                 await context.write(pb.ModelStreamInferResponse(infer_response=response))
+            self.answered += 1
         if self.after == "hang":  # stopped before its status went out
             await asyncio.Event().wait()
         if self.after == "fail":  # its connection closed by keepalive
@@ -172,3 +174,38 @@ async def test_an_answer_the_caller_never_got_is_not_billed_ok(
     assert "FINAL" not in read
     record = await record_of(tier, redis_server, trace_id)
     assert record.status == "DEADLINE_EXCEEDED"
+
+
+async def test_a_caller_that_reads_late_frees_its_region_and_is_billed_ok_for_the_whole(
+    edge_over: Edge, redis_server: EmbeddedRedis
+) -> None:
+    """The caller reads nothing until its region has answered in full (4000 responses, more
+    than a 64 KiB window and the 256 an edge holds unmerged take): the edge keeps reading the
+    region, so the region's call ends and its lease goes back before the caller reads; read
+    then, every response's text arrives once, in order, and the request is billed OK."""
+    texts = [f"{i:04}" + "y" * 16 for i in range(4000)]
+    region = FaultyRegion(texts, after="ok")
+    tier = await edge_over(region)
+    trace_id = secrets.token_hex(16)
+    metadata = [
+        ("authorization", "Bearer mk_acme"),
+        ("traceparent", f"00-{trace_id}-{secrets.token_hex(8)}-00"),
+    ]
+    address = f"127.0.0.1:{tier.port}"
+    async with grpc.aio.insecure_channel(address, options=UNREAD_OPTIONS) as channel:
+        stub = pb_grpc.GRPCInferenceServiceStub(channel)
+        request = generate_request(MODEL, "one two three", 4000, request_id="r", stream=True)
+        call = stub.ModelStreamInfer(iter([request]), metadata=metadata, timeout=20)
+        for _ in range(300):  # the region's answer relayed to its end, nothing read yet
+            if region.answered and [c.outstanding_requests for c in tier.children] == [0]:
+                break
+            await asyncio.sleep(0.01)
+        assert region.answered == 1
+        assert [child.outstanding_requests for child in tier.children] == [0]
+        assert not call.done()
+        read = [r async for r in call]
+        assert await call.code() == grpc.StatusCode.OK
+    assert "".join(response_text(r.infer_response) for r in read) == "".join(texts)
+    assert read[-1].infer_response.parameters[FINAL_RESPONSE].bool_param
+    record = await record_of(tier, redis_server, trace_id)
+    assert (record.status, record.completion_tokens) == ("OK", 4000)
