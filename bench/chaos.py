@@ -84,25 +84,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--stream-share", type=float, default=0.25)
     p.add_argument("--limited-callers", type=int, default=2)
     p.add_argument("--timeout-s", type=float, default=4.0, help="every good call's deadline")
-    p.add_argument("--unread-streams", type=int, default=500)
-    p.add_argument("--unread-max-tokens", type=int, default=256, help="each unread stream's")
-    p.add_argument(
-        "--unread-read",
-        action="store_true",
-        help="a control: the bulk streams are read as they come (the same load, kept up with)",
-    )
-    p.add_argument(
-        "--stream-coalesce-ms",
-        type=float,
-        default=None,
-        help="limits.stream_coalesce_ms of the fleet (default: the fleet file's)",
-    )
-    p.add_argument(
-        "--bulk-max-concurrent",
-        type=int,
-        default=2048,
-        help="max_concurrent of tenant bulk, who opens the unread streams (default 2048)",
-    )
+    _slow_reader_options(p)
     p.add_argument(
         "--timing",
         help="PRE,HOLD,SETTLE,WINDOW seconds of each phase (default: the mode's, "
@@ -140,6 +122,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.out = args.out or RESULTS / ("chaos.json" if whole else "chaos_quick.json")
     args.command = " ".join(["python -m bench.chaos", *(sys.argv[1:] if argv is None else argv)])
     return args
+
+
+def _slow_reader_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--unread-streams", type=int, default=500)
+    p.add_argument("--unread-max-tokens", type=int, default=256, help="each unread stream's")
+    p.add_argument(
+        "--unread-read",
+        action="store_true",
+        help="a control: the bulk streams are read as they come (the same load, kept up with)",
+    )
+    p.add_argument(
+        "--stream-coalesce-ms",
+        type=float,
+        default=None,
+        help="limits.stream_coalesce_ms of the fleet (default: the fleet file's)",
+    )
+    p.add_argument(
+        "--bulk-max-concurrent",
+        type=int,
+        default=2048,
+        help="max_concurrent of tenant bulk, who opens the unread streams (default 2048)",
+    )
 
 
 async def _run(args: argparse.Namespace, fleet: FleetUnderTest) -> dict[str, Any]:
