@@ -17,7 +17,9 @@ where each request goes, and carries it there itself. Two shapes of GPU cluster:
   ``ext_proc.fallbacks: 0``; the route reports the served endpoint as a response
   header (``%UPSTREAM_REMOTE_ADDRESS%``).
 
-``deploy/envoy/`` holds both, rendered for the example addresses there; the
+``deploy/envoy/`` holds both, and the override_host one for GPUs that speak OpenAI
+HTTP (``openai_gpus``: vLLM's API, carried over HTTP/1.1; an SSE stream's tokens never
+reach the picker), rendered for the example addresses there; the
 end-to-end tests and ``bench/extproc.py`` render them for their own ports.
 """
 
@@ -248,8 +250,9 @@ EXAMPLE_HEADER = """\
 """
 
 
-def example(original_dst: bool) -> str:
-    """The text of ``deploy/envoy/envoy.yaml`` (or ``envoy-original-dst.yaml``)."""
+def example(original_dst: bool, *, openai: bool = False) -> str:
+    """The text of ``deploy/envoy/envoy.yaml`` (``envoy-original-dst.yaml``, or with
+    ``openai`` ``envoy-openai.yaml``: GPUs that speak OpenAI HTTP, as vLLM's do)."""
     bootstrap = envoy_bootstrap(
         listen=Endpoint("0.0.0.0", 8080),
         picker=Endpoint("127.0.0.1", 9002),
@@ -257,36 +260,46 @@ def example(original_dst: bool) -> str:
         gpus=() if original_dst else EXAMPLE_GPUS,
         original_dst=original_dst,
         retries=1 if original_dst else 2,
+        openai_gpus=openai,
     )
+    shape = "ORIGINAL_DST cluster, one endpoint" if original_dst else "override_host, fallbacks"
     header = EXAMPLE_HEADER.format(
-        shape="ORIGINAL_DST cluster, one endpoint" if original_dst else "override_host, fallbacks",
-        name=example_name(original_dst),
+        shape=shape + (", OpenAI HTTP GPUs over HTTP/1.1" if openai else ""),
+        name=example_name(original_dst, openai=openai),
         fallbacks=", fallbacks: 0" if original_dst else "",
     )
     return header + render(bootstrap)
 
 
-def example_name(original_dst: bool) -> str:
+def example_name(original_dst: bool, *, openai: bool = False) -> str:
+    if openai:
+        return "envoy-openai-original-dst.yaml" if original_dst else "envoy-openai.yaml"
     return "envoy-original-dst.yaml" if original_dst else "envoy.yaml"
+
+
+# The examples written: (original_dst, openai).
+EXAMPLES = ((False, False), (True, False), (False, True))
 
 
 DEPLOY_DIR = Path(__file__).resolve().parent.parent / "deploy" / "envoy"
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Write both example bootstraps (``--help`` says so, and writes nothing)."""
+    """Write the example bootstraps (``--help`` says so, and writes nothing)."""
     parser = argparse.ArgumentParser(
         prog="python -m local_lb.ext_proc_envoy",
         description="Write the example Envoy bootstraps (override_host and ORIGINAL_DST "
-        "clusters) that put a zone's endpoint picker in front of its GPUs.",
+        "clusters of V2 GPUs, override_host of OpenAI HTTP GPUs) that put a zone's "
+        "endpoint picker in front of its GPUs.",
     )
     parser.add_argument(
         "--out", type=Path, default=DEPLOY_DIR, help="directory to write (default: deploy/envoy)"
     )
     args = parser.parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    for shape in (False, True):
-        (args.out / example_name(shape)).write_text(example(shape), encoding="utf-8")
+    for original_dst, openai in EXAMPLES:
+        text = example(original_dst, openai=openai)
+        (args.out / example_name(original_dst, openai=openai)).write_text(text, encoding="utf-8")
 
 
 if __name__ == "__main__":

@@ -7,15 +7,17 @@ from pathlib import Path
 import pytest
 
 from bench.envoy_proc import envoy_binary
-from local_lb.ext_proc_envoy import example, example_name
+from local_lb.ext_proc_envoy import EXAMPLES, example, example_name
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "envoy"
 
 
-@pytest.mark.parametrize("original_dst", [False, True], ids=["override-host", "original-dst"])
-def test_example_is_current_and_valid(original_dst: bool) -> None:
-    path = DEPLOY / example_name(original_dst)
-    assert path.read_text(encoding="utf-8") == example(original_dst), (
+@pytest.mark.parametrize(
+    ("original_dst", "openai"), EXAMPLES, ids=["override-host", "original-dst", "openai"]
+)
+def test_example_is_current_and_valid(original_dst: bool, openai: bool) -> None:
+    path = DEPLOY / example_name(original_dst, openai=openai)
+    assert path.read_text(encoding="utf-8") == example(original_dst, openai=openai), (
         "deploy/envoy is stale: run python -m local_lb.ext_proc_envoy"
     )
     binary = envoy_binary()
@@ -49,7 +51,7 @@ def test_the_renderer_writes_where_it_is_told_and_help_writes_nothing(tmp_path: 
         timeout=60,
     )
     assert sorted(p.name for p in out.iterdir()) == sorted(
-        example_name(shape) for shape in (False, True)
+        example_name(shape, openai=openai) for shape, openai in EXAMPLES
     )
     assert (out / example_name(False)).read_text(encoding="utf-8") == example(False)
     bad = subprocess.run(
