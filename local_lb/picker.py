@@ -31,7 +31,8 @@ the tail (on one mixed zone at 85 % load, without it P99 was 1.25x, nginx's weig
 
 Candidates (power of d choices, never the whole fleet): the session's GPU
 from a consistent-hash ring with bounded loads, up to four GPUs whose prefix
-index matches the prompt, and ``sample_size`` random GPUs with a free slot.
+index matches the prompt, and ``sample_size`` (8) random GPUs with a free slot:
+in a zone of up to 8 that is every GPU with room, in a larger one a sample.
 All are ranked by the same cost; the session's GPU wins a tie. It used to be
 ranked first whenever it had a free slot, and on real GPUs with sessions whose
 turns share no prefix that cost more tail latency than the rest of the policy
@@ -58,7 +59,10 @@ class CompletionTimePicker:
     """Least expected completion time over sampled and affinity candidates."""
 
     view: LocalView
-    sample_size: int = 4
+    # Random GPUs with a free slot ranked beside the affinity candidates: enough that a
+    # zone's least busy GPUs are usually among them (first tokens wait less), few enough that a
+    # pick never scans a large zone.
+    sample_size: int = 8
     affinity_limit: int = 4
     epsilon: float = DEFAULT_EPSILON
     # How much more a longer request prefers a faster GPU (local_lb.cost.long_request_weight).
