@@ -1,7 +1,8 @@
 """Meridian beside the field's LLM routers: the same emulated GPUs, the same arrivals.
 
-The same emulated OpenAI GPUs (one ``meridian worker`` process) behind five fronts:
-Meridian's whole chain, Meridian's local tier alone with its own OpenAI edge, and SMG,
+The same emulated OpenAI GPUs (one ``meridian worker`` process) behind six fronts:
+Meridian's whole chain, Meridian's local tier alone with its own OpenAI edge, a real
+Envoy carrying the bytes with that local tier as its endpoint picker (ext_proc), and SMG,
 sglang-router and vllm-router from PyPI (``fronts``). Chat completions with shared system
 prompts and multi-turn conversations, streamed and unary, arrive open-loop at a fixed
 share of the GPUs' capacity (``workload``), sent by one client (``client``) to each front
