@@ -9,6 +9,14 @@ speaks OpenAI HTTP, ``local_lb.openai_probe``'s ``/health`` and ``/v1/models``),
 every ``GpuCheck`` to a callback; the caller decides what it means
 (``local_lb.readiness``: a check that timed out is slowness, not a verdict). Its
 channels run the GPU keepalive, like the ones requests take.
+
+Passive evidence stands in for a poll: a GPU on which a request succeeded within the
+interval (``up_at``, the caller's record) is not checked this round, and a GPU whose
+own load report (the trailer) is younger than the interval is not scraped; a GPU with
+no such evidence (an idle one) is polled as before. So no GPU goes longer than about
+one interval (x 1.1, the jitter) without either a success or a check, as when every
+GPU was checked every round; what a success cannot show (another model's readiness,
+say) is still checked at least every ``CHECK_AT_LEAST_EVERY`` intervals.
 """
 
 from __future__ import annotations
@@ -44,6 +52,13 @@ Clock = Callable[[], float]
 HealthCallback = Callable[[str, GpuCheck], None]
 
 JITTER = 0.1  # polls are spread over interval * [0.9, 1.1] so GPUs are not polled in step
+# A GPU serving traffic is still checked actively at least this many intervals apart.
+CHECK_AT_LEAST_EVERY = 10
+
+
+def no_evidence(name: str) -> float:
+    """An ``up_at`` that knows of no success: every GPU is checked every round."""
+    return float("-inf")
 
 
 @dataclass(frozen=True)
@@ -92,6 +107,13 @@ class _Backend:
     health: GpuProbe
     ready_models: frozenset[str] = frozenset()
     metrics_ok: bool | None = None  # None until the first scrape
+    # When the next scrape and check are due, and when the last check began (monitor clock).
+    scrape_due: float = float("-inf")
+    check_due: float = float("-inf")
+    checked_at: float = float("-inf")
+    # Polls that passive evidence stood in for (what an operator or a test can read).
+    skipped_checks: int = 0
+    skipped_scrapes: int = 0
 
 
 class BackendMonitor:
@@ -101,7 +123,10 @@ class BackendMonitor:
     grpc.health.v1 ``Check`` for the V2 service (the server-wide ``""`` when
     the server does not know that name), then ``ModelReady`` for each model.
     A GPU is healthy only if SERVING with at least one model ready;
-    ``on_health(name, check)`` is called after every check.
+    ``on_health(name, check)`` is called after every check. ``up_at(name)`` is when
+    a request last succeeded on it (``GpuReadiness.up_at``, on this monitor's clock):
+    a success younger than the interval stands in for this round's check (see the
+    module docstring), a load trailer in the book younger than it for the scrape.
 
     Failure modes: a failed scrape never marks a GPU unhealthy (a server may
     have no metrics port); its sample just goes stale. A black-holed GPU costs
@@ -116,6 +141,7 @@ class BackendMonitor:
         gpus: Iterable[MonitoredGpu],
         *,
         on_health: HealthCallback,
+        up_at: Callable[[str], float] = no_evidence,
         book: LoadBook | None = None,
         interval_s: float = 0.5,
         timeout_s: float | None = None,
@@ -136,6 +162,7 @@ class BackendMonitor:
         self._channel_options = channel_options(keepalive)
         self.book = book if book is not None else LoadBook()
         self._on_health = on_health
+        self._up_at = up_at
         self._clock = clock
         self._rng = rng if rng is not None else random.Random()
         self._backends: dict[str, _Backend] = {}
@@ -226,17 +253,44 @@ class BackendMonitor:
         if stack is not None:
             await stack.aclose()
 
+    def skipped(self, name: str) -> tuple[int, int]:
+        """Checks and scrapes of GPU ``name`` that passive evidence stood in for."""
+        backend = self._backends.get(name)
+        return (0, 0) if backend is None else (backend.skipped_checks, backend.skipped_scrapes)
+
     async def _poll_loop(self, backend: _Backend, session: aiohttp.ClientSession) -> None:
-        loop = asyncio.get_running_loop()
         while True:
-            started = loop.time()
+            started = self._clock()
+            step = jittered(self.interval_s, self._rng)
+            steps: list[Awaitable[None]] = []
+            if started >= backend.scrape_due:
+                reported = self._reported_at(backend.gpu.name, started)
+                if started - reported < step:  # its own report is the sample
+                    backend.scrape_due = reported + step
+                    backend.skipped_scrapes += 1
+                else:
+                    backend.scrape_due = started + step
+                    steps.append(_logged(self._scrape, backend, session))
+            if started >= backend.check_due:
+                up = self._up_at(backend.gpu.name)
+                recent = started - backend.checked_at < CHECK_AT_LEAST_EVERY * self.interval_s
+                if started - up < step and recent:  # that success is the evidence
+                    backend.check_due = up + step
+                    backend.skipped_checks += 1
+                else:
+                    backend.check_due, backend.checked_at = started + step, started
+                    steps.append(_logged(self._check, backend))
             # Both within one timeout_s; a bug is logged, never ends this GPU's loop.
-            await asyncio.gather(
-                _logged(self._scrape, backend, session),
-                _logged(self._check, backend),
-            )
-            elapsed = loop.time() - started
-            await asyncio.sleep(max(0.0, jittered(self.interval_s, self._rng) - elapsed))
+            await asyncio.gather(*steps)
+            wake = min(backend.scrape_due, backend.check_due)
+            await asyncio.sleep(max(0.0, wake - self._clock()))
+
+    def _reported_at(self, name: str, now: float) -> float:
+        """When GPU ``name``'s own load report (a trailer) was taken, -inf if none."""
+        sample = self.book.newest.get(name)
+        if sample is None or sample.source != "trailer" or sample.taken_at > now:
+            return float("-inf")
+        return sample.taken_at
 
     async def _scrape(self, backend: _Backend, session: aiohttp.ClientSession) -> None:
         url = backend.gpu.metrics_url

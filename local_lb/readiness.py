@@ -129,6 +129,17 @@ class GpuReadiness:
         if evidence.verdict == SLOW:
             self._judge(gpu, evidence, READY, "")
 
+    def up_at(self, name: str) -> float:
+        """When a request last succeeded on GPU ``name``, if it is ready and nothing failed
+        on it since (-inf: no such evidence). The GPU monitor skips an active check of a
+        GPU whose success is younger than its interval: that success is the evidence."""
+        evidence = self._evidence.get(name)
+        if evidence is None or evidence.verdict != READY:
+            return float("-inf")
+        if evidence.failed_at >= evidence.served_at:
+            return float("-inf")
+        return evidence.served_at
+
     def request_failed(self, gpu: GpuChild, reason: str) -> None:
         """A request to ``gpu`` failed UNAVAILABLE (rule 4)."""
         evidence = self._of(gpu.name)

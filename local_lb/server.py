@@ -154,6 +154,7 @@ def gpu_monitor(
         # Health checks dial each GPU as its requests do.
         (MonitoredGpu.from_config(g, dial_of(balancer, g)) for g in zone_cfg.gpus),
         on_health=balancer.readiness.probed,
+        up_at=balancer.readiness.up_at,  # a recent success stands in for a check
         book=balancer.view.load,
         interval_s=topology.health_interval_s,
         keepalive=topology.liveness.gpu_keepalive,
