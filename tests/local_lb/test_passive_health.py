@@ -12,14 +12,20 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 import aiohttp
+import grpc
 import pytest
 from aiohttp import web
 
 from common.basics.redis_embed import free_port
+from common.config.gpu import GpuConfig
+from common.config.node import Endpoint
+from common.gen.inference import grpc_service_pb2_grpc as pb_grpc
 from common.request.health import GpuCheck
+from common.request.v2 import generate_request
 from local_lb.load import CHECK_AT_LEAST_EVERY, BackendMonitor, MonitoredGpu
 from local_lb.load_book import LoadSample
 from local_lb.readiness import GpuReadiness
+from sim.worker import GpuWorker
 from tests.local_lb.test_readiness import SERVING, zone
 from tests.until import until
 
@@ -205,3 +211,57 @@ def test_up_at_is_the_last_success_of_a_ready_gpu_with_no_failure_since() -> Non
     z.clock.now = 7.0
     readiness.request_succeeded(z.gpu("g0"))
     assert readiness.up_at("g0") == 7.0
+
+
+@pytest.fixture
+async def v2_gpu() -> AsyncIterator[GpuWorker]:
+    config = GpuConfig(
+        name="v2",
+        endpoint=Endpoint("127.0.0.1", 0),
+        metrics_endpoint=Endpoint("127.0.0.1", 0),
+        hardware="A100",
+        models=("llama",),
+    )
+    worker = GpuWorker(config, region="eu", zone="eu-a", time_scale=0.05)
+    await worker.start()
+    try:
+        yield worker
+    finally:
+        await worker.stop(0)
+
+
+async def test_a_v2_gpu_serving_traffic_is_neither_checked_nor_scraped(v2_gpu: GpuWorker) -> None:
+    """The gRPC path: each answer's trailer is its load and its success the evidence, as
+    the tier's balancer records them; only the check forced every CHECK_AT_LEAST_EVERY
+    intervals is sent."""
+    checks, last_ok = Checks(), [float("-inf")]
+    watched = MonitoredGpu(
+        name="v2",
+        address=v2_gpu.address,
+        models=frozenset({"llama"}),
+        metrics_url=f"http://{v2_gpu.metrics_address}/metrics",
+    )
+    made = BackendMonitor(
+        [watched], on_health=checks, up_at=lambda name: last_ok[0], interval_s=INTERVAL_S
+    )
+    await made.start()
+    try:
+        await until(lambda: len(checks.calls) >= 1, what="the first check")
+        async with grpc.aio.insecure_channel(v2_gpu.address) as channel:
+            stub = pb_grpc.GRPCInferenceServiceStub(channel)
+            end = time.monotonic() + 1.0
+            while time.monotonic() < end:
+                call = stub.ModelInfer(generate_request("llama", "hi", 2))
+                await call
+                made.book.record_trailer("v2", await call.trailing_metadata(), time.monotonic())
+                last_ok[0] = time.monotonic()
+                if made.skipped("v2") == (0, 0):
+                    first, calls = time.monotonic(), len(checks.calls)
+                await asyncio.sleep(0.02)
+        checked = len(checks.calls) - calls
+        skipped_checks, skipped_scrapes = made.skipped("v2")
+    finally:
+        await made.stop()
+    rounds = (end - first) / INTERVAL_S
+    assert checked <= rounds / CHECK_AT_LEAST_EVERY + 1, (checked, rounds)
+    assert skipped_checks >= rounds / 2 and skipped_scrapes >= rounds / 2
