@@ -232,8 +232,8 @@ class BackendMonitor:
 
     async def update(self, gpu: MonitoredGpu) -> None:
         """A kept GPU whose settings a reloaded topology changed: the next poll checks
-        the new models and scrapes the new metrics URL; a new address re-opens its
-        channel (and restarts its poll)."""
+        the new models (a recent success notwithstanding) and scrapes the new metrics
+        URL; a new address re-opens its channel (and restarts its poll)."""
         backend = self._backends.get(gpu.name)
         if backend is None:
             raise ValueError(f"GPU {gpu.name!r} is not monitored")
@@ -245,6 +245,8 @@ class BackendMonitor:
             return
         backend.gpu = gpu
         backend.metrics_ok = None
+        # Due at its next wake; no check yet of the new models, so none is skipped.
+        backend.scrape_due = backend.check_due = backend.checked_at = float("-inf")
         self.gpus = tuple(gpu if g.name == gpu.name else g for g in self.gpus)
 
     async def stop(self) -> None:
