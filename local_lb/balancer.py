@@ -286,6 +286,7 @@ class LocalBalancer:
             now,
             model=pick.model,
             planned_output=pick.output_tokens,
+            max_tokens=pick.max_tokens,
             tenant=tenant,
             concurrent=gpu.outstanding_requests,
             holds_breaker=breaker,

@@ -54,8 +54,10 @@ class Lease:
     work: float
     started_at: float
     model: str = ""
-    # Decode tokens the lease's work was planned at (PickRequest.output_tokens).
+    # Decode tokens the lease's work was planned at (PickRequest.output_tokens), and
+    # the client's cap (PickRequest.max_tokens), which the answer's length is learned by.
     planned_output: int = 0
+    max_tokens: int = 0
     tenant: str = ""
     # Requests in flight on the child when this one started (itself included).
     concurrent: int = 1
@@ -137,6 +139,7 @@ class RankingBalancer:
                     self.children.clock(),
                     model=pick.model,
                     planned_output=pick.output_tokens,
+                    max_tokens=pick.max_tokens,
                     tenant=pick.tenant,
                     candidates=len(ranked),
                     reason=self.reason(pick, child, ranked, tried),

@@ -349,7 +349,7 @@ class Forwarder:
         if self.tracing is not None:
             self.tracing.end_attempt(lease, code, detail, elapsed)
         if completion is not None:
-            self.outputs.observe(lease.model, completion)
+            self.outputs.observe(lease.model, lease.max_tokens, completion)
         outcome = Outcome(code, elapsed, completion, trailers, detail, timed_out=timed_out)
         self.balancer.release(lease, outcome)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 
+from common.request.output_length import cap_class
 from sim.requests import SimRequest
 from tests.sim.test_deployment import CITIES, simulate
 
@@ -44,8 +45,11 @@ def test_mixed_caps_cancel_nothing_and_plan_at_the_typical_answer() -> None:
     # Every tier learned the answers' typical length from what the GPUs reported ...
     outputs = deployment.global_forwarding.outputs
     assert 10 <= outputs.typical[MODEL] <= 1000
-    # ... and plans an uncapped request at it, a tight cap at the cap.
-    assert outputs.planned(MODEL, UNCAPPED) == round(outputs.typical[MODEL])
+    # ... and plans an uncapped request at the typical answer of its cap class, a tight
+    # cap at the cap.
+    uncapped = outputs.by_cap[(MODEL, cap_class(UNCAPPED))]
+    assert 10 <= uncapped <= 1000
+    assert outputs.planned(MODEL, UNCAPPED) == round(uncapped)
     assert outputs.planned(MODEL, 5) == 5
     # The local tiers learned their GPUs' rates in the tokens really generated: no GPU
     # looks faster than its hardware class by anything like the caps' inflation.
